@@ -1,0 +1,84 @@
+"""Random-weight diffusion models in the real SD1.5 and SDXL layouts, built through ComfyUI's own classes.
+
+No weights can be downloaded here, so tests and benchmarks use these: the
+U-Net configurations are ComfyUI's own (``comfy/model_detection.py``), and
+``channels`` shrinks the width while keeping every level, block and head
+layout, so fast tests stay fast. Needs ComfyUI on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+UNET_CONFIGS = {
+    "sd15": {
+        "use_checkpoint": False, "image_size": 32, "out_channels": 4, "use_spatial_transformer": True,
+        "legacy": False, "adm_in_channels": None, "in_channels": 4, "model_channels": 320,
+        "num_res_blocks": [2, 2, 2, 2], "transformer_depth": [1, 1, 1, 1, 1, 1, 0, 0],
+        "channel_mult": [1, 2, 4, 4], "transformer_depth_middle": 1, "use_linear_in_transformer": False,
+        "context_dim": 768, "num_heads": 8, "transformer_depth_output": [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0],
+        "use_temporal_attention": False, "use_temporal_resblock": False,
+    },
+    "sdxl": {
+        "use_checkpoint": False, "image_size": 32, "out_channels": 4, "use_spatial_transformer": True,
+        "legacy": False, "num_classes": "sequential", "adm_in_channels": 2816, "in_channels": 4,
+        "model_channels": 320, "num_res_blocks": [2, 2, 2], "transformer_depth": [0, 0, 2, 2, 10, 10],
+        "channel_mult": [1, 2, 4], "transformer_depth_middle": 10, "use_linear_in_transformer": True,
+        "context_dim": 2048, "num_head_channels": 64, "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10],
+        "use_temporal_attention": False, "use_temporal_resblock": False,
+    },
+}
+
+
+def unet_config(family: str, channels: int | None = None, context_dim: int | None = None,
+                dtype: torch.dtype = torch.float32) -> dict:
+    """ComfyUI's U-Net config of ``family``, optionally narrower (``channels``, ``context_dim``)."""
+    config = dict(UNET_CONFIGS[family], dtype=dtype)
+    if channels is not None:
+        config["model_channels"] = channels
+        if "num_head_channels" in config:  # SDXL: narrower heads too, so the small model keeps several
+            config["num_head_channels"] = max(channels // 4, 8)
+    if context_dim is not None:
+        config["context_dim"] = context_dim
+    return config
+
+
+@torch.no_grad()
+def randomize(module: torch.nn.Module, seed: int = 0) -> None:
+    """Seeded weights of sane scale: fan-in normal for matrices and kernels, identity norms, zero biases.
+
+    ComfyUI builds its layers without initializing them (they are meant to be
+    loaded), so every parameter is set here.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in module.named_parameters():
+        if param.ndim >= 2:
+            std = 1.0 / math.sqrt(param[0].numel())
+            param.copy_(torch.randn(param.shape, generator=generator) * std)
+        elif name.endswith("weight"):
+            param.fill_(1.0)
+        else:
+            param.zero_()
+
+
+def model_config(family: str, **kwargs):
+    import comfy.supported_models
+
+    config = unet_config(family, **kwargs)
+    cls = {"sd15": comfy.supported_models.SD15, "sdxl": comfy.supported_models.SDXL}[family]
+    model_config = cls(config)
+    model_config.set_inference_dtype(config["dtype"], None)
+    return model_config
+
+
+def build_unet_model(family: str, seed: int = 0, **kwargs):
+    """A ComfyUI ``ModelPatcher`` around a random-weight U-Net of ``family`` (``sd15`` or ``sdxl``), on the CPU."""
+    import comfy.model_patcher
+
+    model = model_config(family, **kwargs).get_model({}, device="cpu")
+    randomize(model.diffusion_model, seed)
+    model.eval()
+    device = torch.device("cpu")
+    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Set up everything on a fresh machine; safe to run again (it skips what is done).
+#  - .venv/ with the pinned requirements (torch 2.13.0, CPU build, from this machine's disk);
+#  - a ComfyUI 0.3.75 host in .comfyui/, unless COMFYUI_PATH names your own ComfyUI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x .venv/bin/python ]; then
+    "${PYTHON:-python3}" -m venv .venv
+fi
+stamp=.venv/.requirements.sha256
+wanted=$(sha256sum requirements/dev.txt | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt 2> >(grep -v "^WARNING: Location" >&2)
+    echo "$wanted" > "$stamp"
+fi
+
+if [ -n "${COMFYUI_PATH:-}" ]; then
+    echo "Using your ComfyUI at $COMFYUI_PATH"
+else
+    .venv/bin/python scripts/provision_comfyui.py .comfyui
+fi

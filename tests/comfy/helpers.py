@@ -1,0 +1,49 @@
+"""Small tools for the in-process tests: forwards as the sampler makes them, and what reaches self-attention."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+
+def forward(model, x, sigma, context, **conds):
+    """One U-Net call with the patcher's transformer options, as ComfyUI's sampler makes it."""
+    sigma = torch.full((x.shape[0],), float(sigma))
+    options = dict(model.model_options["transformer_options"], sigmas=sigma)
+    with torch.inference_mode():
+        return model.model.apply_model(x, sigma, c_crossattn=context, transformer_options=options, **conds)
+
+
+@dataclass
+class AttnCall:
+    module: str
+    queries: int
+    keys: int
+    sigma: float | None
+
+
+@contextlib.contextmanager
+def self_attention_calls(model):
+    """Record the query and key lengths of every self-attention (attn1) call inside ``model``."""
+    calls: list[AttnCall] = []
+
+    def record(name, module, args, kwargs):
+        x = args[0] if args else kwargs["x"]
+        context = kwargs.get("context")
+        sigmas = kwargs.get("transformer_options", {}).get("sigmas")
+        calls.append(AttnCall(name, x.shape[1], (x if context is None else context).shape[1],
+                              None if sigmas is None else float(sigmas.flatten()[0])))
+
+    hooks = [module.register_forward_pre_hook(lambda m, a, k, name=name: record(name, m, a, k), with_kwargs=True)
+             for name, module in model.model.diffusion_model.named_modules() if name.endswith(".attn1")]
+    try:
+        yield calls
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def expected_tokens(n_tokens: int, ratio: float) -> int:
+    return n_tokens - int(n_tokens * ratio)

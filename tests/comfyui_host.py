@@ -1,0 +1,69 @@
+"""Find and boot the real ComfyUI, in-process or as a server's environment.
+
+The host is ``COMFYUI_PATH`` when set, else ``.comfyui/`` in the repository
+(provisioned by ``scripts/setup.sh``). Where torchvision is not installed, the
+stand-in of ``scripts/host_shims`` goes on the path (see its docstring).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIMS = ROOT / "scripts" / "host_shims"
+PACK_NAME = "comfyui-tome"  # the folder name ComfyUI loads the pack under in tests
+
+
+def comfyui_path() -> Path:
+    path = Path(os.environ.get("COMFYUI_PATH") or ROOT / ".comfyui").resolve()
+    if not (path / "main.py").exists():
+        raise RuntimeError(f"no ComfyUI at {path}: run scripts/setup.sh, or set COMFYUI_PATH to a ComfyUI checkout")
+    return path
+
+
+def extra_python_paths() -> list[str]:
+    """What ComfyUI needs on sys.path besides its own folder."""
+    return [] if importlib.util.find_spec("torchvision") is not None else [str(SHIMS)]
+
+
+def link_pack(custom_nodes: Path) -> Path:
+    """Put the pack into ``custom_nodes`` under a fixed name, as a user's install would."""
+    custom_nodes.mkdir(parents=True, exist_ok=True)
+    link = custom_nodes / PACK_NAME
+    if not link.exists():
+        link.symlink_to(ROOT, target_is_directory=True)
+    return link
+
+
+def boot_in_process(custom_nodes: Path):
+    """Import ComfyUI on the CPU, load its built-in nodes and this pack; returns ComfyUI's ``nodes`` module."""
+    root = str(comfyui_path())
+    for path in [root, *extra_python_paths()][::-1]:
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    from comfy.cli_args import args
+
+    args.cpu = True
+    args.disable_api_nodes = True
+    import nodes
+
+    asyncio.run(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))
+    link = str(link_pack(custom_nodes))
+    if not asyncio.run(nodes.load_custom_node(link)):
+        raise RuntimeError("ComfyUI could not load the pack")
+    global _pack_module_name
+    _pack_module_name = link.replace(".", "_x_")  # the name ComfyUI imports a folder under
+    return nodes
+
+
+_pack_module_name = None
+
+
+def pack_module(name: str):
+    """A module of the pack as ComfyUI loaded it (``nodes``, ``attn_patch``, ...)."""
+    return importlib.import_module(f"{_pack_module_name}.{name}")

@@ -1,0 +1,183 @@
+"""Bipartite soft matching on a 2D token grid (ToMe for SD, Bolya & Hoffman 2023).
+
+The tokens of a ``w x h`` grid are split into destinations (one per ``sy x sx``
+cell) and sources (everything else). Each source finds its most cosine-similar
+destination, and the ``r`` best-matched sources are averaged into their
+destinations. After the expensive operation ran on ``N - r`` tokens, every
+merged source takes its destination's value back.
+
+``build_plan`` does the partition and the matching once and returns a
+``MergePlan`` that merges and unmerges any number of tensors sharing that token
+layout (q, k and v, say). ``bipartite_soft_matching_random2d`` is the same math
+behind tomesd 0.1.3's signature, so code written against tomesd runs unchanged
+and gets bit-identical results.
+
+Randomness only ever comes from the ``generator`` argument: the global RNG is
+never read, so patching a model cannot shift a sampler's noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .partition import Partition, draw_partition
+
+
+class MergePlan:
+    """The matching of one metric: which sources merge into which destinations.
+
+    Index tensors have batch size ``B`` of the metric (or 1 where they are the
+    same for every element) and a trailing singleton channel dimension, ready to
+    be expanded over any channel count:
+
+    - ``dst_pos [1, N_dst, 1]``: grid positions of the destinations;
+    - ``unm_pos [B, N_unm, 1]``: grid positions of the sources kept as they are;
+    - ``src_pos [B, r, 1]``: grid positions of the merged sources;
+    - ``dst_of_src [B, r, 1]``: for each merged source, the index (into the
+      destination list) of the destination it joins.
+
+    A merged tensor is laid out as ``unmerged sources | destinations``.
+    """
+
+    __slots__ = ("n_tokens", "dst_pos", "unm_pos", "src_pos", "dst_of_src")
+
+    def __init__(self, n_tokens: int, dst_pos: torch.Tensor, unm_pos: torch.Tensor,
+                 src_pos: torch.Tensor, dst_of_src: torch.Tensor):
+        self.n_tokens = n_tokens
+        self.dst_pos = dst_pos
+        self.unm_pos = unm_pos
+        self.src_pos = src_pos
+        self.dst_of_src = dst_of_src
+
+    @property
+    def removed(self) -> int:
+        """How many tokens ``merge`` removes: ``N - merged length``."""
+        return self.src_pos.shape[1]
+
+    def merge(self, x: torch.Tensor, mode: str = "mean") -> torch.Tensor:
+        """``x [B, N, C] -> [B, N - removed, C]``; ``mode`` is a ``scatter_reduce`` reduction."""
+        n, _, c = x.shape
+        unm = x.gather(1, self.unm_pos.expand(n, -1, c))
+        src = x.gather(1, self.src_pos.expand(n, -1, c))
+        dst = x.gather(1, self.dst_pos.expand(n, -1, c))
+        dst = dst.scatter_reduce(1, self.dst_of_src.expand(n, -1, c), src, reduce=mode)
+        return torch.cat([unm, dst], dim=1)
+
+    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, N - removed, C] -> [B, N, C]``: every merged source gets its destination's value."""
+        n, _, c = x.shape
+        n_unm = self.unm_pos.shape[1]
+        unm, dst = x[:, :n_unm], x[:, n_unm:]
+        src = dst.gather(1, self.dst_of_src.expand(n, -1, c))
+        out = torch.zeros(n, self.n_tokens, c, device=x.device, dtype=x.dtype)
+        out.scatter_(1, self.dst_pos.expand(n, -1, c), dst)
+        out.scatter_(1, self.unm_pos.expand(n, -1, c), unm)
+        out.scatter_(1, self.src_pos.expand(n, -1, c), src)
+        return out
+
+    def destination_of(self) -> torch.Tensor:
+        """``[B, N]``: the grid position whose value each token has after ``unmerge(merge(x))``.
+
+        Destinations and unmerged sources map to themselves; merged sources map
+        to their destination.
+        """
+        batch = self.unm_pos.shape[0]
+        out = torch.arange(self.n_tokens, device=self.dst_pos.device).repeat(batch, 1)
+        dst_pos = self.dst_pos[..., 0].expand(batch, -1)
+        out.scatter_(1, self.src_pos[..., 0], dst_pos.gather(1, self.dst_of_src[..., 0]))
+        return out
+
+
+class IdentityPlan:
+    """A plan that merges nothing: r = 0, or a grid with no destination or no source."""
+
+    removed = 0
+
+    @staticmethod
+    def merge(x: torch.Tensor, mode: str = "mean") -> torch.Tensor:
+        return x
+
+    @staticmethod
+    def unmerge(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+IDENTITY = IdentityPlan()
+
+
+def match(metric: torch.Tensor, partition: Partition, r: int) -> MergePlan:
+    """Match each source of ``partition`` to its most cosine-similar destination.
+
+    ``metric [B, N, C]``; the ``r`` (capped at the number of sources) sources
+    with the highest similarity are the ones merged.
+    """
+    batch, n_tokens, channels = metric.shape
+    with torch.no_grad():
+        metric = metric / metric.norm(dim=-1, keepdim=True)
+        a = metric.gather(1, partition.src_pos.expand(batch, -1, channels))
+        b = metric.gather(1, partition.dst_pos.expand(batch, -1, channels))
+        scores = a @ b.transpose(-1, -2)
+        r = min(a.shape[1], r)
+
+        node_max, node_idx = scores.max(dim=-1)
+        # The same (unstable) sort as tomesd, so ties break the same way.
+        edge_idx = node_max.argsort(dim=-1, descending=True)[..., None]
+        unm_idx, src_idx = edge_idx[:, r:], edge_idx[:, :r]
+        dst_of_src = node_idx[..., None].gather(1, src_idx)
+
+        src_pos = partition.src_pos.expand(batch, -1, -1)
+        return MergePlan(
+            n_tokens=n_tokens,
+            dst_pos=partition.dst_pos,
+            unm_pos=src_pos.gather(1, unm_idx),
+            src_pos=src_pos.gather(1, src_idx),
+            dst_of_src=dst_of_src,
+        )
+
+
+def build_plan(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, r: int,
+               no_rand: bool = False,
+               generator: torch.Generator | None = None) -> MergePlan | IdentityPlan:
+    """Partition the ``w x h`` grid of ``metric [B, N, C]`` and match ``r`` sources.
+
+    - ``sx, sy``: the destination stride; one destination per ``sy x sx`` cell.
+      Cells cut off by the right or bottom edge hold only sources.
+    - ``r``: tokens to remove, capped at the number of sources.
+    - ``no_rand``: the top-left token of every cell is its destination.
+    - ``generator``: draws the destination of every cell (required unless
+      ``no_rand``); the same draw serves every element of the batch.
+
+    Merges nothing (returns ``IDENTITY``) for ``r <= 0`` and for grids that
+    leave no destination or no source (a stride larger than the grid, 1x1).
+    """
+    n_tokens = metric.shape[1]
+    if n_tokens != w * h:
+        raise ValueError(f"metric has {n_tokens} tokens but the grid is {w}x{h} = {w * h}")
+    if r <= 0:
+        return IDENTITY
+    partition = draw_partition(w, h, sx, sy, metric.device, no_rand=no_rand, generator=generator)
+    if partition is None:
+        return IDENTITY
+    return match(metric, partition, r)
+
+
+def do_nothing(x: torch.Tensor, mode: str | None = None) -> torch.Tensor:
+    """The identity, with tomesd's ``merge`` signature."""
+    return x
+
+
+def bipartite_soft_matching_random2d(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, r: int,
+                                     no_rand: bool = False,
+                                     generator: torch.Generator | None = None
+                                     ) -> tuple[Callable, Callable]:
+    """tomesd 0.1.3's signature over ``build_plan``: returns ``(merge, unmerge)``.
+
+    Bit-identical to tomesd where tomesd works; where it crashes (a stride
+    larger than the grid, a 1-wide grid) both functions are the identity.
+    """
+    plan = build_plan(metric, w, h, sx, sy, r, no_rand=no_rand, generator=generator)
+    if plan is IDENTITY:
+        return do_nothing, do_nothing
+    return plan.merge, plan.unmerge

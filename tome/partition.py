@@ -1,0 +1,65 @@
+"""The destination/source partition of a 2D token grid.
+
+One destination per ``sy x sx`` cell, drawn at random (or the top-left token),
+the same draw for every element of the batch. Cells that the right or bottom
+edge cuts off hold only sources.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class Partition(NamedTuple):
+    """Grid positions, each ``[1, n, 1]``: destinations first, then sources."""
+
+    dst_pos: torch.Tensor
+    src_pos: torch.Tensor
+
+
+def draw_destinations(w: int, h: int, sx: int, sy: int, device: torch.device,
+                      no_rand: bool = False,
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+    """``[h // sy, w // sx, 1]``: which token of each cell (row-major in the cell) is its destination."""
+    cells = (h // sy, w // sx, 1)
+    if no_rand:
+        return torch.zeros(cells, device=device, dtype=torch.int64)
+    if generator is None:
+        raise ValueError("generator is required unless no_rand=True: "
+                         "ToMe never draws from the global random generator")
+    # Drawn on the generator's device, as tomesd does, so a CPU generator gives
+    # the same partition whatever device the model runs on.
+    return torch.randint(sy * sx, size=cells, device=generator.device, generator=generator).to(device)
+
+
+def partition_from_destinations(choice: torch.Tensor, w: int, h: int, sx: int, sy: int) -> Partition:
+    """Token positions of the destinations ``choice`` picks (see ``draw_destinations``) and of the sources."""
+    hsy, wsx, _ = choice.shape
+    marks = torch.zeros(hsy, wsx, sy * sx, device=choice.device, dtype=torch.int64)
+    # Destinations are -1 and sources 0, so an argsort lists destinations first.
+    marks.scatter_(2, choice, -torch.ones_like(choice))
+    marks = marks.view(hsy, wsx, sy, sx).transpose(1, 2).reshape(hsy * sy, wsx * sx)
+    if hsy * sy < h or wsx * sx < w:
+        grid = torch.zeros(h, w, device=choice.device, dtype=torch.int64)
+        grid[:hsy * sy, :wsx * sx] = marks
+        marks = grid
+    # The same (unstable) argsort as tomesd: the order of the positions inside
+    # each half sets the merged token layout, which must match it bit for bit.
+    order = marks.reshape(1, -1, 1).argsort(dim=1)
+    n_dst = hsy * wsx
+    return Partition(dst_pos=order[:, :n_dst], src_pos=order[:, n_dst:])
+
+
+def draw_partition(w: int, h: int, sx: int, sy: int, device: torch.device,
+                   no_rand: bool = False,
+                   generator: torch.Generator | None = None) -> Partition | None:
+    """Draw a partition; ``None`` where the grid has no destination or no source to merge."""
+    if sx < 1 or sy < 1:
+        raise ValueError(f"stride must be at least 1, got sx={sx}, sy={sy}")
+    n_dst = (h // sy) * (w // sx)
+    if n_dst == 0 or n_dst == w * h:
+        return None
+    choice = draw_destinations(w, h, sx, sy, device, no_rand=no_rand, generator=generator)
+    return partition_from_destinations(choice, w, h, sx, sy)
