@@ -47,3 +47,14 @@ def self_attention_calls(model):
 
 def expected_tokens(n_tokens: int, ratio: float) -> int:
     return n_tokens - int(n_tokens * ratio)
+
+
+def sd15_level(name: str) -> int:
+    """The downsample of an SD1.5 attn1 module from its block name (input_blocks.4 -> 2, ...)."""
+    part, index = name.split(".")[:2]
+    if part == "middle_block":
+        return 8
+    index = int(index)
+    if part == "input_blocks":
+        return 2 ** (index // 3)
+    return 2 ** (3 - index // 3)

@@ -5,7 +5,7 @@ import logging
 import pytest
 import random_models
 import torch
-from helpers import expected_tokens, forward, self_attention_calls
+from helpers import expected_tokens, forward, sd15_level, self_attention_calls
 from tomesd.merge import bipartite_soft_matching_random2d as tomesd_merge
 
 SMALL = {"channels": 32, "context_dim": 32}
@@ -33,31 +33,16 @@ def _sdxl_conds(batch):
     return {"y": torch.zeros(batch, random_models.UNET_CONFIGS["sdxl"]["adm_in_channels"])}
 
 
-def _level(n_tokens, h, w):
-    return round((h * w / n_tokens) ** 0.5)
-
-
 def test_sd15_merges_queries_and_keys_only_at_full_resolution(pack, sd15):
     patched = pack.nodes.apply_tome(sd15, 0.5, 2, 2, "auto")
     with self_attention_calls(patched) as calls:
         forward(patched, _latent(2, 32, 32), 5.0, _context(2))
     assert len(calls) == 16
     for call in calls:
-        n = 32 * 32 // _level_from_name(call.module) ** 2
+        n = 32 * 32 // sd15_level(call.module) ** 2
         want = expected_tokens(n, 0.5) if n == 1024 else n
         assert (call.queries, call.keys) == (want, want), call
     assert sum(c.queries == 512 for c in calls) == 5  # input 1, 2 and output 9, 10, 11
-
-
-def _level_from_name(name):
-    """The downsample of an SD1.5 attn1 module from its block name (input_blocks.4 -> 2, ...)."""
-    part, index = name.split(".")[:2]
-    if part == "middle_block":
-        return 8
-    index = int(index)
-    if part == "input_blocks":
-        return 2 ** (index // 3)
-    return 2 ** (3 - index // 3)
 
 
 @pytest.mark.parametrize("max_downsample,levels", [("auto", {2}), ("2", {2}), ("4", {2, 4}), ("1", set())])
@@ -128,7 +113,7 @@ def test_merge_modes(pack, sd15, mode, queries, keys):
     patched = pack.nodes.apply_tome(sd15, 0.5, 2, 2, "1", seed=0, use_rand=True, merge=mode)
     with self_attention_calls(patched) as calls:
         out = forward(patched, _latent(1, 32, 32), 5.0, _context(1))
-    full_resolution = {(c.queries, c.keys) for c in calls if _level_from_name(c.module) == 1}
+    full_resolution = {(c.queries, c.keys) for c in calls if sd15_level(c.module) == 1}
     assert full_resolution == {(queries, keys)}
     assert torch.isfinite(out).all()
 

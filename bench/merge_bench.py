@@ -1,0 +1,96 @@
+"""Merge micro-benchmark: one block's plan, merge of q, k and v, and unmerge, ours against tomesd 0.1.3.
+
+Both run in one process, round-robin (so drift in machine load hits both
+alike), and each cell reports the minimum over ``--repeats`` runs.
+
+    .venv/bin/python bench/merge_bench.py [--repeats 15] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tome.merge import build_plan  # noqa: E402
+
+SIZES = [(4096, 320), (4096, 640), (16384, 320), (16384, 640)]  # (tokens, channels)
+RATIO = 0.5
+
+
+def ours(metric, q, k, v, side, r, seed):
+    plan = build_plan(metric, side, side, 2, 2, r, generator=torch.Generator().manual_seed(seed))
+    q, k, v = plan.merge(q), plan.merge(k), plan.merge(v)
+    return plan.unmerge(q)
+
+
+def reference(metric, q, k, v, side, r, seed):
+    from tomesd.merge import bipartite_soft_matching_random2d
+
+    merge, unmerge = bipartite_soft_matching_random2d(metric, side, side, 2, 2, r,
+                                                      generator=torch.Generator().manual_seed(seed))
+    q, k, v = merge(q), merge(k), merge(v)
+    return unmerge(q)
+
+
+VARIANTS = {"ours": ours, "tomesd 0.1.3": reference}
+
+
+def run(repeats: int) -> list[dict]:
+    rows = []
+    for n_tokens, channels in SIZES:
+        side = int(n_tokens ** 0.5)
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(2, n_tokens, channels, generator=g) for _ in range(3))
+        r = int(n_tokens * RATIO)
+        times = {name: [] for name in VARIANTS}
+        with torch.inference_mode():
+            for fn in VARIANTS.values():  # warm-up
+                fn(q, q, k, v, side, r, 0)
+            for i in range(repeats):
+                for name, fn in VARIANTS.items():
+                    start = time.perf_counter()
+                    fn(q, q, k, v, side, r, i)
+                    times[name].append(time.perf_counter() - start)
+        row = {"tokens": n_tokens, "channels": channels, "batch": 2, "ratio": RATIO,
+               **{f"{name} ms": min(t) * 1e3 for name, t in times.items()}}
+        row["speed-up"] = row["tomesd 0.1.3 ms"] / row["ours ms"]
+        rows.append(row)
+        print(f"N={n_tokens} C={channels}: ours {row['ours ms']:.2f} ms, "
+              f"tomesd {row['tomesd 0.1.3 ms']:.2f} ms", flush=True)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| tokens | channels | ours (ms) | tomesd 0.1.3 (ms) | ours vs tomesd |", "|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['tokens']} | {row['channels']} | {row['ours ms']:.2f} | "
+                     f"{row['tomesd 0.1.3 ms']:.2f} | {row['speed-up']:.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15, help="runs per cell; the minimum is reported")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"), help="folder for the JSON and Markdown")
+    args = parser.parse_args()
+    torch.set_num_threads(torch.get_num_threads())
+    rows = run(args.repeats)
+    table = markdown(rows)
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    machine = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+               "torch": torch.__version__}
+    (args.out / "merge_bench.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
+    (args.out / "merge_bench.md").write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
