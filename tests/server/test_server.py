@@ -1,0 +1,78 @@
+"""The pack on a real ComfyUI server: registration, every API workflow through the client, bad input."""
+
+import json
+import urllib.request
+
+import pytest
+import tome_client
+from comfyui_host import ROOT
+
+WORKFLOWS = ROOT / "workflows" / "api"
+SD15_WORKFLOWS = sorted(p.name for p in WORKFLOWS.glob("sd15_*.json"))
+SMALL = ["--width", "64", "--height", "64", "--steps", "2"]
+
+
+def _get_json(url):
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.load(response)
+
+
+@pytest.mark.parametrize("node", ["ApplyToMe", "ApplyToMeAdvanced"])
+def test_object_info_lists_every_input_with_a_tooltip(server, node):
+    info = _get_json(f"{server}/object_info/{node}")[node]
+    inputs = info["input"]["required"]
+    expected = {"model", "ratio", "stride_x", "stride_y", "max_downsample"}
+    if node == "ApplyToMeAdvanced":
+        expected |= {"seed", "use_rand", "merge", "start_percent", "end_percent"}
+    assert set(inputs) == expected
+    for name, spec in inputs.items():
+        assert spec[1].get("tooltip"), f"{node}.{name} has no tooltip"
+    assert info["category"] == "model_patches/unet" and info["description"]
+
+
+@pytest.mark.parametrize("workflow", SD15_WORKFLOWS)
+def test_every_sd15_api_workflow_runs_and_saves_an_image(server, workflow, tmp_path, capsys):
+    status = tome_client.main([str(WORKFLOWS / workflow), "--server", server, "--out", str(tmp_path), *SMALL])
+    assert status == 0, capsys.readouterr().err
+    images = list(tmp_path.glob("*.png"))
+    assert images and all(p.stat().st_size > 0 for p in images)
+
+
+def test_ab_mode_prints_both_times_and_the_difference(server, tmp_path, capsys):
+    status = tome_client.main([str(WORKFLOWS / "sd15_tome.json"), "--server", server, "--out", str(tmp_path),
+                               "--ab", *SMALL])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "| without ToMe |" in out and "| with ToMe |" in out and "PSNR" in out
+    assert list((tmp_path / "without_tome").glob("*.png")) and list((tmp_path / "with_tome").glob("*.png"))
+
+
+def test_out_of_range_ratio_is_rejected_naming_the_input_and_the_server_keeps_serving(server, tmp_path, capsys):
+    status = tome_client.main([str(WORKFLOWS / "sd15_tome.json"), "--server", server, "--out", str(tmp_path),
+                               "--ratio", "1.5", *SMALL])
+    err = capsys.readouterr().err
+    assert status == tome_client.EXIT_REJECTED
+    assert "ratio" in err and "HTTP 400" in err
+    assert tome_client.main([str(WORKFLOWS / "sd15_tome.json"), "--server", server, "--out", str(tmp_path),
+                             *SMALL]) == 0
+
+
+def test_a_failing_execution_is_reported(server, tmp_path, capsys):
+    graph = json.loads((WORKFLOWS / "sd15_tome.json").read_text())
+    graph["2"] = {"class_type": "ApplyToMeAdvanced", "inputs": {
+        **graph["2"]["inputs"], "seed": 0, "use_rand": True, "merge": "q, k and v",
+        "start_percent": 0.9, "end_percent": 0.1}}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(graph))
+    status = tome_client.main([str(path), "--server", server, "--out", str(tmp_path), *SMALL])
+    assert status == tome_client.EXIT_FAILED
+    assert "start_percent (0.9) must not be greater than end_percent (0.1)" in capsys.readouterr().err
+
+
+def test_an_unreachable_server_is_reported(tmp_path, capsys):
+    import comfyui_server
+
+    url = f"http://127.0.0.1:{comfyui_server.free_port()}"
+    assert tome_client.main([str(WORKFLOWS / "sd15_tome.json"), "--server", url, "--out", str(tmp_path)]) == \
+        tome_client.EXIT_UNREACHABLE
+    assert "cannot reach ComfyUI" in capsys.readouterr().err
