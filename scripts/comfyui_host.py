@@ -40,15 +40,20 @@ def link_pack(custom_nodes: Path) -> Path:
     return link
 
 
-def boot_in_process(custom_nodes: Path):
-    """Import ComfyUI on the CPU, load its built-in nodes and this pack; returns ComfyUI's ``nodes`` module."""
+def boot_in_process(custom_nodes: Path, cpu: bool = True, sdpa: bool = False):
+    """Import ComfyUI, load its built-in nodes and this pack; returns ComfyUI's ``nodes`` module.
+
+    ``cpu``: ComfyUI's ``--cpu``; ``sdpa``: its ``--use-pytorch-cross-attention`` (else, on the CPU,
+    ComfyUI's default sub-quadratic attention).
+    """
     root = str(comfyui_path())
     for path in [root, *extra_python_paths()][::-1]:
         if path not in sys.path:
             sys.path.insert(0, path)
     from comfy.cli_args import args
 
-    args.cpu = True
+    args.cpu = cpu
+    args.use_pytorch_cross_attention = sdpa
     args.disable_api_nodes = True
     import nodes
 

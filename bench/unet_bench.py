@@ -1,0 +1,186 @@
+"""U-Net benchmark: one forward of a random-weight SD1.5/SDXL U-Net, every variant side by side.
+
+Variants, run round-robin in one process (minimum of ``--repeats``):
+  none         no patch
+  core         ComfyUI's core TomePatchModel (merges the queries only)
+  ours-qkv     Apply ToMe, q, k and v merged (the paper)
+  ours-q       Apply ToMe, q only
+  ours-kv      Apply ToMe, k and v only
+  ideal        self-attention on N - r tokens with merge and unmerge (almost) free: the limit
+
+    .venv/bin/python bench/unet_bench.py --family sd15 --px 512 768 --ratio 0.5 [--sdpa] [--dtype bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import comfyui_host  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def ideal_patches(ratio, max_downsample):
+    """Self-attention on the first N - r tokens, padded back: attention's saving without the merge's cost."""
+    import math
+
+    def attn1(n, context, value, extra_options):
+        original = extra_options["original_shape"]
+        if math.ceil(math.sqrt(original[-1] * original[-2] // n.shape[1])) > max_downsample:
+            return n, context, value
+        kept = n[:, : n.shape[1] - int(n.shape[1] * ratio)]
+        extra_options["ideal_removed"] = n.shape[1] - kept.shape[1]
+        return kept, kept, kept
+
+    def attn1_output(out, extra_options):
+        removed = extra_options.pop("ideal_removed", 0)
+        return torch.nn.functional.pad(out, (0, 0, 0, removed)) if removed else out
+
+    return attn1, attn1_output
+
+
+def variants(nodes_module, core_cls, model, ratio, max_downsample):
+    def ours(mode):
+        return nodes_module.apply_tome(model, ratio, 2, 2, str(max_downsample), seed=0, use_rand=True, merge=mode)
+
+    ideal = model.clone()
+    attn1, attn1_output = ideal_patches(ratio, max_downsample)
+    ideal.set_model_attn1_patch(attn1)
+    ideal.set_model_attn1_output_patch(attn1_output)
+    return {
+        "none": model,
+        "core": core_cls.execute(model, ratio=ratio).result[0],
+        "ours-qkv": ours("q, k and v"),
+        "ours-q": ours("q only"),
+        "ours-kv": ours("k and v only"),
+        "ideal": ideal,
+    }
+
+
+def forward(model, x, sigma, context, conds, device):
+    options = dict(model.model_options["transformer_options"], sigmas=sigma)
+    with torch.inference_mode():
+        out = model.model.apply_model(x, sigma, c_crossattn=context, transformer_options=options, **conds)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return out
+
+
+def run(args) -> list[dict]:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    nodes = comfyui_host.boot_in_process(Path(tempfile.mkdtemp()) / "custom_nodes", cpu=device.type == "cpu",
+                                         sdpa=args.sdpa)
+    import comfy.ldm.modules.attention as attention
+    import random_models
+
+    attention_name = attention.optimized_attention.__name__
+    ours_nodes = comfyui_host.pack_module("nodes")
+    core_cls = nodes.NODE_CLASS_MAPPINGS["TomePatchModel"]
+    model = random_models.build_unet_model(args.family, dtype=DTYPES[args.dtype])
+    model.model.to(device)
+    context_dim = random_models.UNET_CONFIGS[args.family]["context_dim"]
+    max_downsample = ours_nodes.transformer_downsamples(model)[0]
+    rows = []
+    for px in args.px:
+        latent = px // 8
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(1, 4, latent, latent, generator=g).to(device)
+        context = torch.randn(1, 77, context_dim, generator=g).to(device)
+        sigma = torch.tensor([5.0], device=device)
+        conds = {}
+        if args.family == "sdxl":
+            conds["y"] = torch.zeros(1, random_models.UNET_CONFIGS["sdxl"]["adm_in_channels"], device=device)
+        for ratio in args.ratio:
+            models = variants(ours_nodes, core_cls, model, ratio, max_downsample)
+            baseline = forward(models["none"], x, sigma, context, conds, device).float()
+            times = {name: [] for name in models}
+            peaks = {}
+            distance = {}
+            for name, m in models.items():  # warm-up, output distance and peak memory
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                out = forward(m, x, sigma, context, conds, device).float()
+                distance[name] = float((out - baseline).norm() / baseline.norm())
+                peaks[name] = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
+            for _ in range(args.repeats):
+                for name, m in models.items():
+                    start = time.perf_counter()
+                    forward(m, x, sigma, context, conds, device)
+                    times[name].append(time.perf_counter() - start)
+            for name in models:
+                best = min(times[name])
+                rows.append({"family": args.family, "px": px, "ratio": ratio, "dtype": args.dtype,
+                             "attention": attention_name, "device": device.type, "variant": name,
+                             "seconds": best, "speed-up": min(times["none"]) / best,
+                             "vs core": min(times["core"]) / best, "peak MiB": peaks[name],
+                             "relative distance": distance[name]})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| model | px | ratio | variant | time (s) | vs no patch | vs core node | output distance | peak MiB |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        peak = "n/a" if r["peak MiB"] is None else f"{r['peak MiB']:.0f}"
+        lines.append(f"| {r['family']} {r['dtype']} | {r['px']} | {r['ratio']} | {r['variant']} | {r['seconds']:.2f} "
+                     f"| {r['speed-up']:.2f}x | {r['vs core']:.2f}x | {r['relative distance']:.3f} | {peak} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for px in sorted({r["px"] for r in rows}):
+        for variant in dict.fromkeys(r["variant"] for r in rows):
+            points = sorted((r["ratio"], r["speed-up"]) for r in rows if r["px"] == px and r["variant"] == variant)
+            ax.plot(*zip(*points, strict=True), marker="o", label=f"{variant} {px}px")
+    ax.set_xlabel("ratio")
+    ax.set_ylabel("speed-up over no patch")
+    ax.set_title(f"{rows[0]['family']} U-Net forward, {rows[0]['device']}, {rows[0]['attention']}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=["sd15", "sdxl"], default="sd15")
+    parser.add_argument("--px", type=int, nargs="+", default=[512])
+    parser.add_argument("--ratio", type=float, nargs="+", default=[0.5])
+    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
+    parser.add_argument("--sdpa", action="store_true", help="PyTorch SDPA attention (ComfyUI's CUDA default)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args()
+    rows = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"unet_{args.family}_{args.dtype}_{'sdpa' if args.sdpa else 'default'}"
+    machine = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+               "torch": torch.__version__,
+               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    (args.out / f"{stem}.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
+    table = markdown(rows)
+    (args.out / f"{stem}.md").write_text(table + "\n")
+    plot(rows, args.out / f"{stem}.png")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
