@@ -28,7 +28,10 @@ def comfyui_path() -> Path:
 
 def extra_python_paths() -> list[str]:
     """What ComfyUI needs on sys.path besides its own folder."""
-    return [] if importlib.util.find_spec("torchvision") is not None else [str(SHIMS)]
+    spec = importlib.util.find_spec("torchvision")
+    # Once an in-process boot put the stand-in on sys.path, find_spec finds it: that is no real torchvision.
+    real = spec is not None and spec.origin is not None and not Path(spec.origin).is_relative_to(SHIMS)
+    return [] if real else [str(SHIMS)]
 
 
 def link_pack(custom_nodes: Path) -> Path:

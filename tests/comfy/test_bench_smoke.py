@@ -4,11 +4,10 @@ import importlib.util
 import json
 
 import pytest
+import random_models
 import torch
 from comfyui_host import ROOT
 from helpers import forward, self_attention_calls
-
-import random_models
 
 
 def _load(name):
