@@ -25,19 +25,20 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.append(str(ROOT))  # appended: the pack's nodes.py must not shadow ComfyUI's nodes module
 
 import comfyui_host  # noqa: E402
+
+from tome.grid import block_downsample  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def ideal_patches(ratio, max_downsample):
     """Self-attention on the first N - r tokens, padded back: attention's saving without the merge's cost."""
-    import math
-
     def attn1(n, context, value, extra_options):
-        original = extra_options["original_shape"]
-        if math.ceil(math.sqrt(original[-1] * original[-2] // n.shape[1])) > max_downsample:
+        original_h, original_w = extra_options["original_shape"][-2:]
+        if block_downsample(n.shape[1], original_h, original_w) > max_downsample:
             return n, context, value
         kept = n[:, : n.shape[1] - int(n.shape[1] * ratio)]
         extra_options["ideal_removed"] = n.shape[1] - kept.shape[1]
