@@ -82,3 +82,19 @@ def build_unet_model(family: str, seed: int = 0, **kwargs):
     model.eval()
     device = torch.device("cpu")
     return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
+
+
+def build_controlnet(family: str, seed: int = 1, **kwargs):
+    """A ComfyUI ``ControlNet`` (as ``ControlNetLoader`` returns it) with random weights, matching the U-Net of
+    ``build_unet_model(family, **kwargs)``, taking a 3-channel hint image. Its zero convolutions are random too,
+    so its control really changes the U-Net's output."""
+    import comfy.cldm.cldm
+    import comfy.controlnet
+    import comfy.ops
+
+    config = unet_config(family, **kwargs)
+    config.pop("out_channels")
+    control_model = comfy.cldm.cldm.ControlNet(hint_channels=3, operations=comfy.ops.disable_weight_init,
+                                               device="cpu", **config)
+    randomize(control_model, seed)
+    return comfy.controlnet.ControlNet(control_model.eval(), load_device=torch.device("cpu"))

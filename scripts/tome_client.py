@@ -107,7 +107,11 @@ async def run_prompt(session: aiohttp.ClientSession, server: str, graph: dict, o
             elif event["type"] == "execution_error":
                 raise ClientError(f"execution failed in node {data.get('node_id')} ({data.get('node_type')}): "
                                   f"{data.get('exception_message', '').strip()}", EXIT_FAILED)
-            elif event["type"] == "execution_success" or (event["type"] == "executing" and data.get("node") is None):
+            elif event["type"] == "execution_interrupted":
+                raise ClientError(f"execution interrupted in node {data.get('node_id')}", EXIT_FAILED)
+            elif event["type"] == "executing" and data.get("node") is None:
+                # Not "execution_success": ComfyUI sends that before it writes the prompt's history,
+                # and "executing" with no node only after, so the images can be fetched now.
                 break
         seconds = time.perf_counter() - start
     if not quiet:

@@ -1,4 +1,4 @@
-"""Apply ToMe through ComfyUI's real sampling path: KSampler, the step window, LoRA."""
+"""Apply ToMe through ComfyUI's real sampling path: KSampler, the step window, LoRA, ControlNet."""
 
 import pytest
 import random_models
@@ -13,9 +13,13 @@ def sd15(comfy_nodes):
     return random_models.build_unet_model("sd15", channels=32, context_dim=32)
 
 
-def _sample(comfy_nodes, model, seed=3):
+def _conditioning():
     context = torch.randn(1, 77, 32, generator=torch.Generator().manual_seed(5))
-    positive, negative = [[context, {}]], [[torch.zeros_like(context), {}]]
+    return [[context, {}]], [[torch.zeros_like(context), {}]]
+
+
+def _sample(comfy_nodes, model, seed=3, conditioning=None):
+    positive, negative = conditioning or _conditioning()
     latent = {"samples": torch.zeros(1, 4, 16, 16)}
     (out,) = comfy_nodes.KSampler().sample(model, seed, STEPS, 4.0, "euler", "normal", positive, negative, latent)
     return out["samples"]
@@ -69,3 +73,18 @@ def test_lora_keeps_working_before_and_after_tome(pack, comfy_nodes, sd15):
     assert any(c.queries == c.keys == 128 for c in calls), "ToMe must still merge"
     assert not torch.allclose(with_lora, _sample(comfy_nodes, tome_only)), "the LoRA must still act"
     torch.testing.assert_close(with_lora, _sample(comfy_nodes, lora_then_tome))
+
+
+def test_controlnet_keeps_working_with_tome(pack, comfy_nodes, sd15):
+    control_net = random_models.build_controlnet("sd15", channels=32, context_dim=32)
+    hint = torch.rand(1, 128, 128, 3, generator=torch.Generator().manual_seed(9))  # 8x the 16x16 latent
+    controlled = comfy_nodes.ControlNetApplyAdvanced().apply_controlnet(*_conditioning(), control_net, hint,
+                                                                        1.0, 0.0, 1.0)
+    patched = pack.nodes.apply_tome(sd15, 0.5, 2, 2, "auto")
+
+    with self_attention_calls(patched) as calls:
+        with_control = _sample(comfy_nodes, patched, conditioning=controlled)
+    assert torch.isfinite(with_control).all()
+    assert any(c.queries == c.keys == 128 for c in calls), "ToMe must still merge"
+    assert not torch.allclose(with_control, _sample(comfy_nodes, patched)), "the ControlNet must still act"
+    assert torch.equal(with_control, _sample(comfy_nodes, patched, conditioning=controlled))
