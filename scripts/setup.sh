@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything on a fresh machine; safe to run again (it skips what is done).
 #  - .venv/ with the pinned requirements (torch 2.13.0, CPU build, from this machine's disk);
-#  - a ComfyUI 0.3.75 host in .comfyui/, unless COMFYUI_PATH names your own ComfyUI.
+#  - a ComfyUI 0.3.75 host in .comfyui/, unless COMFYUI_PATH names your own ComfyUI;
+#  - Debian's chromium, for the browser tests (Playwright drives it; it cannot download a browser here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,4 +20,10 @@ if [ -n "${COMFYUI_PATH:-}" ]; then
     echo "Using your ComfyUI at $COMFYUI_PATH"
 else
     .venv/bin/python scripts/provision_comfyui.py .comfyui
+fi
+
+if ! command -v chromium > /dev/null; then
+    sudo=$([ "$(id -u)" = 0 ] || echo sudo)
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium > /dev/null
 fi

@@ -5,6 +5,7 @@ import urllib.request
 
 import pytest
 import tome_client
+import ui_workflows
 from comfyui_host import ROOT
 
 WORKFLOWS = ROOT / "workflows" / "api"
@@ -15,6 +16,14 @@ SMALL = ["--width", "64", "--height", "64", "--steps", "2"]
 def _get_json(url):
     with urllib.request.urlopen(url, timeout=30) as response:
         return json.load(response)
+
+
+def test_ui_workflows_are_up_to_date_with_their_api_twins(server):
+    """Regenerate with ``python scripts/ui_workflows.py`` after editing a graph in workflows/api/."""
+    node_defs = _get_json(f"{server}/object_info")
+    for api_path in sorted(WORKFLOWS.glob("*.json")):
+        committed = json.loads((ui_workflows.WORKFLOWS / api_path.name).read_text())
+        assert committed == ui_workflows.api_to_ui(json.loads(api_path.read_text()), node_defs), api_path.name
 
 
 @pytest.mark.parametrize("node", ["ApplyToMe", "ApplyToMeAdvanced"])
