@@ -1,11 +1,22 @@
-"""The Apply ToMe nodes: read the inputs, check them, clone the model, register the patches."""
+"""The Apply ToMe and Apply ToDo nodes: read the inputs, check them, clone the model, register the patches."""
 
 from __future__ import annotations
 
 import logging
 import math
 
-from .attn_patch import MERGE_MODES, MERGE_QKV, TOME_PATCH_TYPES, ToMeAttn1OutputPatch, ToMeAttn1Patch, ToMeSettings
+from .attn_patch import (
+    MERGE_MODES,
+    MERGE_QKV,
+    TOME_PATCH_TYPES,
+    Scope,
+    ToDoAttn1Patch,
+    ToDoSettings,
+    ToMeAttn1OutputPatch,
+    ToMeAttn1Patch,
+    ToMeSettings,
+)
+from .tome.downsample import METHODS, NEAREST
 from .tome.grid import ratio_cap
 
 log = logging.getLogger(__name__)
@@ -34,16 +45,34 @@ def transformer_downsamples(model) -> list[int]:
     return sorted(levels)
 
 
-def without_tome(patches: dict) -> None:
-    """Drop the ToMe patches of an earlier Apply ToMe node, so a second one replaces it."""
+def unet_levels(model, node: str) -> list[int]:
+    """``transformer_downsamples(model)``, with a warning naming the model where there are none."""
+    levels = transformer_downsamples(model)
+    if not levels:
+        log.warning("%s: %s has no U-Net transformer blocks (a DiT?); the model passes through unchanged",
+                    node, type(model.model).__name__)
+    return levels
+
+
+def pick_downsample(levels: list[int], max_downsample: str, node: str) -> int:
+    """The ``max_downsample`` input as a number; ``auto`` is the highest-resolution transformer level."""
+    downsample = levels[0] if max_downsample == "auto" else int(max_downsample)
+    if downsample < levels[0]:
+        log.warning("%s: max_downsample %d reaches no transformer block of this model "
+                    "(its highest-resolution blocks are at %d); it does nothing", node, downsample, levels[0])
+    return downsample
+
+
+def without_patches(patches: dict, types: tuple) -> None:
+    """Drop an earlier node's patches of ``types``, so a second node of the same kind replaces the first."""
     for name in PATCH_LISTS:
         if name in patches:
-            patches[name] = [p for p in patches[name] if not isinstance(p, TOME_PATCH_TYPES)]
+            patches[name] = [p for p in patches[name] if not isinstance(p, types)]
 
 
-def has_tome(model) -> bool:
+def has_patches(model, types: tuple) -> bool:
     patches = model.model_options["transformer_options"].get("patches", {})
-    return any(isinstance(p, TOME_PATCH_TYPES) for name in PATCH_LISTS for p in patches.get(name, ()))
+    return any(isinstance(p, types) for name in PATCH_LISTS for p in patches.get(name, ()))
 
 
 def sigma_window(model, start_percent: float, end_percent: float) -> tuple[float, float]:
@@ -58,34 +87,66 @@ def sigma_window(model, start_percent: float, end_percent: float) -> tuple[float
 
 def apply_tome(model, ratio: float, stride_x: int, stride_y: int, max_downsample: str, **advanced):
     """Clone ``model`` with ToMe patched into its self-attention; the input model is never touched."""
-    levels = transformer_downsamples(model)
-    if not levels:
-        log.warning("Apply ToMe: %s has no U-Net transformer blocks (a DiT?); the model passes through unchanged",
-                    type(model.model).__name__)
-        return model
-    if ratio <= 0.0 and not has_tome(model):
+    levels = unet_levels(model, "Apply ToMe")
+    if not levels or (ratio <= 0.0 and not has_patches(model, TOME_PATCH_TYPES)):
         return model
     cap = ratio_cap(stride_x, stride_y)
     if ratio > cap:
         log.warning("Apply ToMe: ratio %.3f is above the %dx%d stride's cap of %.3f; using %.3f",
                     ratio, stride_x, stride_y, cap, cap)
         ratio = cap
-    downsample = levels[0] if max_downsample == "auto" else int(max_downsample)
-    if downsample < levels[0]:
-        log.warning("Apply ToMe: max_downsample %d reaches no transformer block of this model "
-                    "(its highest-resolution blocks are at %d); nothing is merged", downsample, levels[0])
+    downsample = pick_downsample(levels, max_downsample, "Apply ToMe")
 
     start, end = advanced.pop("start_percent", 0.0), advanced.pop("end_percent", 1.0)
     sigma_start, sigma_end = sigma_window(model, start, end)
-    settings = ToMeSettings(ratio=ratio, sx=stride_x, sy=stride_y, max_downsample=downsample,
-                            sigma_start=sigma_start, sigma_end=sigma_end, **advanced)
+    settings = ToMeSettings(ratio=ratio, sx=stride_x, sy=stride_y, scope=Scope(downsample, sigma_start, sigma_end),
+                            **advanced)
 
     patched = model.clone()
-    without_tome(patched.model_options["transformer_options"].setdefault("patches", {}))
+    without_patches(patched.model_options["transformer_options"].setdefault("patches", {}), TOME_PATCH_TYPES)
     if ratio > 0.0:
         patched.set_model_attn1_patch(ToMeAttn1Patch(settings))
         patched.set_model_attn1_output_patch(ToMeAttn1OutputPatch())
     return patched
+
+
+def apply_todo(model, downsample_factor: int, max_downsample: str, method: str = NEAREST,
+               start_percent: float = 0.0, end_percent: float = 1.0):
+    """Clone ``model`` with ToDo's key/value pooling patched into its self-attention.
+
+    The ToDo patch goes ahead of any ToMe patch, whichever node came first in
+    the chain: it pools the grid-shaped keys and values, then ToMe merges the
+    queries (and leaves the keys and values, which no longer share their layout).
+    """
+    levels = unet_levels(model, "Apply ToDo")
+    if not levels or (downsample_factor <= 1 and not has_patches(model, (ToDoAttn1Patch,))):
+        return model
+    downsample = pick_downsample(levels, max_downsample, "Apply ToDo")
+    settings = ToDoSettings(downsample_factor, Scope(downsample, *sigma_window(model, start_percent, end_percent)),
+                            method)
+
+    patched = model.clone()
+    patches = patched.model_options["transformer_options"].setdefault("patches", {})
+    without_patches(patches, (ToDoAttn1Patch,))
+    if downsample_factor > 1:
+        attn1 = patches.setdefault("attn1_patch", [])
+        first_tome = next((i for i, p in enumerate(attn1) if isinstance(p, TOME_PATCH_TYPES)), len(attn1))
+        attn1.insert(first_tome, ToDoAttn1Patch(settings))
+    return patched
+
+
+def _window_inputs(tool: str):
+    return {
+        "start_percent": ("FLOAT", {
+            "default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01,
+            "tooltip": f"Start {tool} at this share of the sampling schedule (0 = first step).",
+        }),
+        "end_percent": ("FLOAT", {
+            "default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01,
+            "tooltip": f"Stop {tool} after this share of the sampling schedule (1 = last step). "
+                       "Must not be below start_percent.",
+        }),
+    }
 
 
 def _common_inputs():
@@ -156,15 +217,7 @@ class ApplyToMeAdvanced:
                            "'q only': like ComfyUI's core ToMe node, more fidelity, less speed. "
                            "'k and v only': queries stay full, nothing to unmerge.",
             }),
-            "start_percent": ("FLOAT", {
-                "default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01,
-                "tooltip": "Start merging at this share of the sampling schedule (0 = first step).",
-            }),
-            "end_percent": ("FLOAT", {
-                "default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01,
-                "tooltip": "Stop merging after this share of the sampling schedule (1 = last step). "
-                           "Must not be below start_percent.",
-            }),
+            **_window_inputs("merging"),
         }}
 
     def patch(self, model, ratio, stride_x, stride_y, max_downsample, seed, use_rand, merge,
@@ -173,12 +226,49 @@ class ApplyToMeAdvanced:
                            merge=merge, start_percent=start_percent, end_percent=end_percent),)
 
 
+class ApplyToDo:
+    DESCRIPTION = ("Token Downsampling (Smith, Saxena & Saha 2024): self-attention keeps every query and attends "
+                   "to keys and values pooled over factor x factor cells of the token grid. No similarity search "
+                   "and nothing to unmerge, so its overhead is close to nothing. SD1.x, SD2.x and SDXL.")
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "model": _common_inputs()["model"],
+            "downsample_factor": ("INT", {
+                "default": 2, "min": 1, "max": 8,
+                "tooltip": "Keys and values are pooled over cells of this many tokens a side: 2 leaves a quarter "
+                           "of them, 3 a ninth. 1 turns ToDo off. A block whose token grid is smaller than the "
+                           "factor is left as is.",
+            }),
+            "max_downsample": (DOWNSAMPLE_CHOICES, {
+                "default": "auto",
+                "tooltip": "Patch the transformer blocks at this downsample factor or finer. auto: the model's "
+                           "highest-resolution level with transformer blocks (1 on SD1.x/SD2.x, 2 on SDXL).",
+            }),
+            "method": (list(METHODS), {
+                "default": NEAREST,
+                "tooltip": "How a cell becomes one key/value token. nearest: its top-left token (the paper's "
+                           "default); average: the mean of the cell; max: the maximum of each channel.",
+            }),
+            **_window_inputs("downsampling"),
+        }}
+
+    def patch(self, model, downsample_factor, max_downsample, method, start_percent, end_percent):
+        return (apply_todo(model, downsample_factor, max_downsample, method, start_percent, end_percent),)
+
+
 NODE_CLASS_MAPPINGS = {
     "ApplyToMe": ApplyToMe,
     "ApplyToMeAdvanced": ApplyToMeAdvanced,
+    "ApplyToDo": ApplyToDo,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
     "ApplyToMe": "Apply ToMe",
     "ApplyToMeAdvanced": "Apply ToMe (Advanced)",
+    "ApplyToDo": "Apply ToDo (Token Downsampling)",
 }

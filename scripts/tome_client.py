@@ -3,9 +3,9 @@
     python scripts/tome_client.py workflows/api/sd15_tome.json --server http://127.0.0.1:8188 \\
         [--ckpt NAME] [--seed N] [--steps N] [--width PX] [--height PX] [--ratio R] [--out DIR] [--ab]
 
-``--ab`` runs the graph twice, with and without its ToMe nodes (bypassed:
-their consumers take the model the ToMe node was given), and prints both
-times, the speed-up and how far the images differ.
+``--ab`` runs the graph twice, with and without its ToMe and ToDo nodes
+(bypassed: their consumers take the model the node was given), and prints
+both times, the speed-up and how far the images differ.
 
 Exit status: 0 done; 2 server unreachable; 3 graph rejected (ComfyUI's
 ``node_errors`` are printed); 4 execution failed.
@@ -28,6 +28,7 @@ from pathlib import Path
 import aiohttp
 
 TOME_NODES = {"ApplyToMe", "ApplyToMeAdvanced"}
+SPEEDUP_NODES = TOME_NODES | {"ApplyToDo"}
 EXIT_UNREACHABLE, EXIT_REJECTED, EXIT_FAILED = 2, 3, 4
 
 
@@ -60,10 +61,11 @@ def apply_overrides(graph: dict, ckpt=None, seed=None, steps=None, width=None, h
     return graph
 
 
-def without_tome(graph: dict) -> dict:
-    """A copy of ``graph`` with every ToMe node bypassed."""
+def without_speedups(graph: dict) -> dict:
+    """A copy of ``graph`` with every ToMe and ToDo node bypassed."""
     graph = copy.deepcopy(graph)
-    sources = {node_id: node["inputs"]["model"] for node_id, node in graph.items() if node["class_type"] in TOME_NODES}
+    sources = {node_id: node["inputs"]["model"] for node_id, node in graph.items()
+               if node["class_type"] in SPEEDUP_NODES}
     for node_id in sources:
         del graph[node_id]
     for node in graph.values():
@@ -159,9 +161,9 @@ async def main_async(args) -> int:
                       f"{', '.join(map(str, result.images)) or 'none'}")
                 return 0
             # Untimed: loads the checkpoint and encodes the prompts, which both timed runs then reuse.
-            warm_up = apply_overrides(without_tome(graph), steps=1, width=64, height=64)
+            warm_up = apply_overrides(without_speedups(graph), steps=1, width=64, height=64)
             await run_prompt(session, args.server, warm_up, Path(args.out) / "warm_up", quiet=True)
-            baseline = await run_prompt(session, args.server, without_tome(graph), Path(args.out) / "without_tome",
+            baseline = await run_prompt(session, args.server, without_speedups(graph), Path(args.out) / "without_tome",
                                         label="without ToMe ")
             tome = await run_prompt(session, args.server, graph, Path(args.out) / "with_tome", label="with ToMe    ")
         except ClientError as error:

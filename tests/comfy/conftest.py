@@ -2,6 +2,7 @@
 
 import comfyui_host
 import pytest
+import random_models
 
 
 def pytest_collection_modifyitems(items):
@@ -25,3 +26,15 @@ def pack(comfy_nodes):
         grid = comfyui_host.pack_module("tome.grid")
 
     return Pack
+
+
+@pytest.fixture(scope="session")
+def sd15(comfy_nodes):
+    """The SD1.5 layout, narrowed to 32 channels (and a 32-wide text context) so tests stay fast."""
+    return random_models.build_unet_model("sd15", channels=32, context_dim=32)
+
+
+@pytest.fixture(scope="session")
+def sdxl(comfy_nodes):
+    """The SDXL layout, narrowed to 64 channels (and a 32-wide text context)."""
+    return random_models.build_unet_model("sdxl", channels=64, context_dim=32)

@@ -45,6 +45,19 @@ def self_attention_calls(model):
             hook.remove()
 
 
+def random_latent(batch, h, w, seed=0):
+    return torch.randn(batch, 4, h, w, generator=torch.Generator().manual_seed(seed))
+
+
+def random_context(batch, dim=32, seed=1):
+    return torch.randn(batch, 77, dim, generator=torch.Generator().manual_seed(seed))
+
+
+def sdxl_conds(batch):
+    """SDXL's ADM vector (pooled text and size embeddings), zeros: shapes are what the tests need."""
+    return {"y": torch.zeros(batch, 2816)}
+
+
 def expected_tokens(n_tokens: int, ratio: float) -> int:
     return n_tokens - int(n_tokens * ratio)
 

@@ -5,38 +5,22 @@ import logging
 import pytest
 import random_models
 import torch
-from helpers import expected_tokens, forward, sd15_level, self_attention_calls
+from helpers import (
+    expected_tokens,
+    forward,
+    random_context,
+    random_latent,
+    sd15_level,
+    sdxl_conds,
+    self_attention_calls,
+)
 from tomesd.merge import bipartite_soft_matching_random2d as tomesd_merge
-
-SMALL = {"channels": 32, "context_dim": 32}
-
-
-@pytest.fixture(scope="module")
-def sd15(comfy_nodes):
-    return random_models.build_unet_model("sd15", **SMALL)
-
-
-@pytest.fixture(scope="module")
-def sdxl(comfy_nodes):
-    return random_models.build_unet_model("sdxl", channels=64, context_dim=32)
-
-
-def _latent(batch, h, w, seed=0):
-    return torch.randn(batch, 4, h, w, generator=torch.Generator().manual_seed(seed))
-
-
-def _context(batch, dim=32, seed=1):
-    return torch.randn(batch, 77, dim, generator=torch.Generator().manual_seed(seed))
-
-
-def _sdxl_conds(batch):
-    return {"y": torch.zeros(batch, random_models.UNET_CONFIGS["sdxl"]["adm_in_channels"])}
 
 
 def test_sd15_merges_queries_and_keys_only_at_full_resolution(pack, sd15):
     patched = pack.nodes.apply_tome(sd15, 0.5, 2, 2, "auto")
     with self_attention_calls(patched) as calls:
-        forward(patched, _latent(2, 32, 32), 5.0, _context(2))
+        forward(patched, random_latent(2, 32, 32), 5.0, random_context(2))
     assert len(calls) == 16
     for call in calls:
         n = 32 * 32 // sd15_level(call.module) ** 2
@@ -49,7 +33,7 @@ def test_sd15_merges_queries_and_keys_only_at_full_resolution(pack, sd15):
 def test_sdxl_merges_at_its_highest_resolution_transformer_level(pack, sdxl, max_downsample, levels, caplog):
     patched = pack.nodes.apply_tome(sdxl, 0.5, 2, 2, max_downsample)
     with self_attention_calls(patched) as calls:
-        forward(patched, _latent(1, 32, 32), 5.0, _context(1), **_sdxl_conds(1))
+        forward(patched, random_latent(1, 32, 32), 5.0, random_context(1), **sdxl_conds(1))
     merged_levels = set()
     for call in calls:
         n = {2: 256, 4: 64}[_level_from_shape(call)]
@@ -71,7 +55,7 @@ def _level_from_shape(call):
 def test_core_node_for_contrast_leaves_the_keys_full(comfy_nodes, sd15):
     core = comfy_nodes.NODE_CLASS_MAPPINGS["TomePatchModel"].execute(sd15, ratio=0.5).result[0]
     with self_attention_calls(core) as calls:
-        forward(core, _latent(2, 32, 32), 5.0, _context(2))
+        forward(core, random_latent(2, 32, 32), 5.0, random_context(2))
     full_res = [c for c in calls if c.keys == 1024]
     assert len(full_res) == 5
     assert all(c.queries == 512 for c in full_res)
@@ -86,7 +70,7 @@ def test_patched_block_equals_tomesd_merge_wrapped_around_the_same_block(pack, s
     block = patched.model.diffusion_model.input_blocks[1][1].transformer_blocks[0]
     h = w = 24
     x = torch.randn(2, h * w, 32, generator=torch.Generator().manual_seed(3))
-    context = _context(2)
+    context = random_context(2)
     options = {
         "patches": patched.model_options["transformer_options"]["patches"],
         "original_shape": [2, 4, h, w], "activations_shape": [2, 32, h, w],
@@ -112,7 +96,7 @@ def test_patched_block_equals_tomesd_merge_wrapped_around_the_same_block(pack, s
 def test_merge_modes(pack, sd15, mode, queries, keys):
     patched = pack.nodes.apply_tome(sd15, 0.5, 2, 2, "1", seed=0, use_rand=True, merge=mode)
     with self_attention_calls(patched) as calls:
-        out = forward(patched, _latent(1, 32, 32), 5.0, _context(1))
+        out = forward(patched, random_latent(1, 32, 32), 5.0, random_context(1))
     full_resolution = {(c.queries, c.keys) for c in calls if sd15_level(c.module) == 1}
     assert full_resolution == {(queries, keys)}
     assert torch.isfinite(out).all()
@@ -120,7 +104,7 @@ def test_merge_modes(pack, sd15, mode, queries, keys):
 
 def test_same_seed_same_output_and_global_rng_untouched(pack, sd15):
     patched = pack.nodes.apply_tome(sd15, 0.5, 2, 2, "auto")
-    x, context = _latent(2, 32, 32), _context(2)
+    x, context = random_latent(2, 32, 32), random_context(2)
     before = torch.get_rng_state()
     first = forward(patched, x, 5.0, context)
     assert torch.equal(torch.get_rng_state(), before)
@@ -131,7 +115,7 @@ def test_same_seed_same_output_and_global_rng_untouched(pack, sd15):
 
 def test_cond_and_uncond_share_the_partition_when_run_as_separate_batches(pack, sd15):
     patched = pack.nodes.apply_tome(sd15, 0.5, 2, 2, "auto")
-    x, context = _latent(2, 32, 32), _context(2)
+    x, context = random_latent(2, 32, 32), random_context(2)
     together = forward(patched, x, 5.0, context)
     apart = torch.cat([forward(patched, x[i:i + 1], 5.0, context[i:i + 1]) for i in range(2)])
     # Batching only reorders float sums; a different partition would move the output by orders more.
@@ -139,7 +123,7 @@ def test_cond_and_uncond_share_the_partition_when_run_as_separate_batches(pack, 
 
 
 def test_each_step_draws_a_fresh_partition(pack, sd15):
-    plan_patch = pack.attn_patch.ToMeAttn1Patch(pack.attn_patch.ToMeSettings(0.5, 2, 2, 1))
+    plan_patch = pack.attn_patch.ToMeAttn1Patch(pack.attn_patch.ToMeSettings(0.5, 2, 2, pack.attn_patch.Scope(1)))
     n = torch.randn(1, 256, 8)
 
     def destinations(sigma, block=("input", 1)):
@@ -155,7 +139,7 @@ def test_each_step_draws_a_fresh_partition(pack, sd15):
 def test_every_batch_size_merges(pack, sd15, batch):
     patched = pack.nodes.apply_tome(sd15, 0.5, 2, 2, "auto")
     with self_attention_calls(patched) as calls:
-        out = forward(patched, _latent(batch, 16, 16), 5.0, _context(batch))
+        out = forward(patched, random_latent(batch, 16, 16), 5.0, random_context(batch))
     assert sum(c.queries == c.keys == 128 for c in calls) == 5
     assert torch.isfinite(out).all()
 
@@ -164,7 +148,7 @@ def test_sizes_the_stride_does_not_divide(pack, sd15):
     """520x776 px: a 65x97 latent, levels of 33x49 and 17x25."""
     patched = pack.nodes.apply_tome(sd15, 0.5, 2, 2, "auto")
     with self_attention_calls(patched) as calls:
-        out = forward(patched, _latent(1, 97, 65), 5.0, _context(1))
+        out = forward(patched, random_latent(1, 97, 65), 5.0, random_context(1))
     n = 65 * 97
     assert sum(c.queries == c.keys == expected_tokens(n, 0.5) for c in calls) == 5
     assert all(c.queries == c.keys for c in calls)
@@ -173,10 +157,10 @@ def test_sizes_the_stride_does_not_divide(pack, sd15):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_models(pack, comfy_nodes, dtype):
-    model = random_models.build_unet_model("sd15", dtype=dtype, **SMALL)
+    model = random_models.build_unet_model("sd15", dtype=dtype, channels=32, context_dim=32)
     patched = pack.nodes.apply_tome(model, 0.5, 2, 2, "auto")
     with self_attention_calls(patched) as calls:
-        out = forward(patched, _latent(2, 16, 16), 5.0, _context(2))
+        out = forward(patched, random_latent(2, 16, 16), 5.0, random_context(2))
     assert sum(c.queries == c.keys == 128 for c in calls) == 5
     assert torch.isfinite(out).all()
 
@@ -192,7 +176,7 @@ def test_input_model_stays_untouched_and_a_second_node_replaces_the_first(pack, 
     assert patches["attn1_patch"][0].settings.ratio == 0.6
     assert first.model_options["transformer_options"]["patches"]["attn1_patch"][0].settings.ratio == 0.3
     with self_attention_calls(second) as calls:
-        forward(second, _latent(1, 16, 16), 5.0, _context(1))
+        forward(second, random_latent(1, 16, 16), 5.0, random_context(1))
     assert sum(c.queries == expected_tokens(256, 0.6) for c in calls) == 5
 
 
@@ -213,7 +197,7 @@ def test_ratio_above_the_stride_cap_is_capped_with_a_warning(pack, sd15, caplog)
 def test_a_stride_larger_than_the_grid_skips_the_block(pack, sd15):
     patched = pack.nodes.apply_tome(sd15, 0.5, 8, 8, "auto")
     with self_attention_calls(patched) as calls:
-        out = forward(patched, _latent(1, 6, 6), 5.0, _context(1))
+        out = forward(patched, random_latent(1, 6, 6), 5.0, random_context(1))
     assert all(c.queries == c.keys for c in calls)
     assert any(c.queries == 36 for c in calls)
     assert torch.isfinite(out).all()
@@ -270,7 +254,7 @@ def test_other_packs_patches_before_and_after_keep_working(pack, sd15):
     patched.set_model_attn1_patch(later)
     patched.set_model_attn1_output_patch(later_out)
 
-    x, context = _latent(1, 16, 16), _context(1)
+    x, context = random_latent(1, 16, 16), random_context(1)
     out = forward(patched, x, 5.0, context)
     # The earlier patch sees the full block input; the later one what attention will get.
     assert (256, 256) in earlier_seen and (256, 256) not in later_seen and (128, 128) in later_seen

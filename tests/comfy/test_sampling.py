@@ -1,16 +1,10 @@
 """Apply ToMe through ComfyUI's real sampling path: KSampler, the step window, LoRA, ControlNet."""
 
-import pytest
 import random_models
 import torch
 from helpers import sd15_level, self_attention_calls
 
 STEPS = 4
-
-
-@pytest.fixture(scope="module")
-def sd15(comfy_nodes):
-    return random_models.build_unet_model("sd15", channels=32, context_dim=32)
 
 
 def _conditioning():

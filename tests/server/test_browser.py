@@ -59,10 +59,12 @@ def test_template_browser_lists_every_ui_workflow(page):
     close_dialogs(page)
 
 
-def test_node_library_finds_both_nodes(page):
+def test_node_library_finds_every_node(page):
     page.get_by_role("button", name="Node Library (n)").click()
-    page.get_by_placeholder("Search Nodes...").fill("Apply ToMe")
-    for display_name in ("Apply ToMe", "Apply ToMe (Advanced)"):
+    search = page.get_by_placeholder("Search Nodes...")
+    for query, display_name in [("Apply ToDo", "Apply ToDo (Token Downsampling)"),
+                                ("Apply ToMe", "Apply ToMe (Advanced)"), ("Apply ToMe", "Apply ToMe")]:
+        search.fill(query)
         page.locator(".p-tree").get_by_text(display_name, exact=True).wait_for(timeout=30_000)
 
 

@@ -26,13 +26,19 @@ def test_ui_workflows_are_up_to_date_with_their_api_twins(server):
         assert committed == ui_workflows.api_to_ui(json.loads(api_path.read_text()), node_defs), api_path.name
 
 
-@pytest.mark.parametrize("node", ["ApplyToMe", "ApplyToMeAdvanced"])
+TOME_INPUTS = {"model", "ratio", "stride_x", "stride_y", "max_downsample"}
+NODE_INPUTS = {
+    "ApplyToMe": TOME_INPUTS,
+    "ApplyToMeAdvanced": TOME_INPUTS | {"seed", "use_rand", "merge", "start_percent", "end_percent"},
+    "ApplyToDo": {"model", "downsample_factor", "max_downsample", "method", "start_percent", "end_percent"},
+}
+
+
+@pytest.mark.parametrize("node", NODE_INPUTS)
 def test_object_info_lists_every_input_with_a_tooltip(server, node):
     info = _get_json(f"{server}/object_info/{node}")[node]
     inputs = info["input"]["required"]
-    expected = {"model", "ratio", "stride_x", "stride_y", "max_downsample"}
-    if node == "ApplyToMeAdvanced":
-        expected |= {"seed", "use_rand", "merge", "start_percent", "end_percent"}
+    expected = NODE_INPUTS[node]
     assert set(inputs) == expected
     for name, spec in inputs.items():
         assert spec[1].get("tooltip"), f"{node}.{name} has no tooltip"

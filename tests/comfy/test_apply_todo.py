@@ -1,0 +1,91 @@
+"""Apply ToDo inside the real ComfyUI: what reaches self-attention, the window, composition with ToMe."""
+
+import logging
+import math
+
+import pytest
+import torch
+from helpers import (
+    expected_tokens,
+    forward,
+    random_context,
+    random_latent,
+    sd15_level,
+    sdxl_conds,
+    self_attention_calls,
+)
+
+
+@pytest.mark.parametrize("factor", [2, 3])
+@pytest.mark.parametrize("method", ["nearest", "average", "max"])
+def test_sd15_keeps_queries_and_pools_keys_at_full_resolution(pack, sd15, factor, method):
+    patched = pack.nodes.apply_todo(sd15, factor, "auto", method)
+    with self_attention_calls(patched) as calls:
+        out = forward(patched, random_latent(2, 30, 26), 5.0, random_context(2))
+    assert torch.isfinite(out).all()
+    for call in calls:
+        level = sd15_level(call.module)
+        h, w = math.ceil(30 / level), math.ceil(26 / level)
+        pooled = math.ceil(h / factor) * math.ceil(w / factor) if level == 1 else h * w
+        assert (call.queries, call.keys) == (h * w, pooled), call
+
+
+@pytest.mark.parametrize(("max_downsample", "levels"), [("auto", {2}), ("4", {2, 4})])
+def test_sdxl_pools_at_its_highest_resolution_transformer_level(pack, sdxl, max_downsample, levels):
+    patched = pack.nodes.apply_todo(sdxl, 2, max_downsample)
+    with self_attention_calls(patched) as calls:
+        forward(patched, random_latent(1, 32, 32), 5.0, random_context(1), **sdxl_conds(1))
+    pooled_levels = set()
+    for call in calls:
+        level = {256: 2, 64: 4}[call.queries]
+        if call.keys < call.queries:
+            assert call.keys == call.queries // 4
+            pooled_levels.add(level)
+    assert pooled_levels == levels
+
+
+def test_pooling_happens_only_inside_the_window(pack, sd15):
+    patched = pack.nodes.apply_todo(sd15, 2, "auto", "nearest", 0.5, 1.0)
+    sigma_start = sd15.get_model_object("model_sampling").percent_to_sigma(0.5)
+    for sigma, keys in ((sigma_start * 2, 256), (sigma_start / 2, 64)):
+        with self_attention_calls(patched) as calls:
+            forward(patched, random_latent(1, 16, 16), sigma, random_context(1))
+        assert {c.keys for c in calls if sd15_level(c.module) == 1} == {keys}
+
+
+@pytest.mark.parametrize("tome_first", [True, False])
+def test_with_apply_tome_queries_are_merged_and_keys_pooled_in_either_order(pack, sd15, tome_first):
+    """Documented result: ToDo pools the grid-shaped keys and values, ToMe merges the queries."""
+    if tome_first:
+        patched = pack.nodes.apply_todo(pack.nodes.apply_tome(sd15, 0.5, 2, 2, "auto"), 2, "auto")
+    else:
+        patched = pack.nodes.apply_tome(pack.nodes.apply_todo(sd15, 2, "auto"), 0.5, 2, 2, "auto")
+    with self_attention_calls(patched) as calls:
+        out = forward(patched, random_latent(1, 16, 16), 5.0, random_context(1))
+    assert out.shape == (1, 4, 16, 16) and torch.isfinite(out).all()
+    full_res = {(c.queries, c.keys) for c in calls if sd15_level(c.module) == 1}
+    assert full_res == {(expected_tokens(256, 0.5), 64)}
+
+
+def test_factor_one_turns_an_earlier_todo_off_and_a_second_node_replaces_the_first(pack, sd15):
+    assert pack.nodes.apply_todo(sd15, 1, "auto") is sd15
+    twice = pack.nodes.apply_todo(pack.nodes.apply_todo(sd15, 3, "auto"), 2, "auto")
+    assert len(twice.model_options["transformer_options"]["patches"]["attn1_patch"]) == 1
+    off = pack.nodes.apply_todo(twice, 1, "auto")
+    with self_attention_calls(off) as calls:
+        forward(off, random_latent(1, 16, 16), 5.0, random_context(1))
+    assert all(c.queries == c.keys for c in calls)
+    assert "patches" not in sd15.model_options["transformer_options"]
+
+
+def test_a_factor_larger_than_the_grid_skips_the_block_with_a_warning(pack, sd15, caplog):
+    patched = pack.nodes.apply_todo(sd15, 8, "auto")
+    with caplog.at_level(logging.WARNING), self_attention_calls(patched) as calls:
+        out = forward(patched, random_latent(1, 6, 6), 5.0, random_context(1))
+    assert torch.isfinite(out).all() and all(c.queries == c.keys for c in calls)
+    assert "downsample_factor 8 is larger than a 6x6 token grid" in caplog.text
+
+
+def test_start_after_end_is_rejected(pack, sd15):
+    with pytest.raises(ValueError, match=r"start_percent \(0.8\) must not be greater than end_percent \(0.2\)"):
+        pack.nodes.apply_todo(sd15, 2, "auto", "nearest", 0.8, 0.2)
