@@ -7,8 +7,10 @@ Variants, run round-robin in one process (minimum of ``--repeats``):
   ours-q       Apply ToMe, q only
   ours-kv      Apply ToMe, k and v only
   ideal        self-attention on N - r tokens with merge and unmerge (almost) free: the limit
+  todo-F       Apply ToDo, keys and values pooled by F x F (nearest), for each F of ``--todo``; they do not
+               depend on the ratio, so they run with the first ratio only (their rows have no ratio)
 
-    .venv/bin/python bench/unet_bench.py --family sd15 --px 512 768 --ratio 0.5 [--sdpa] [--dtype bf16]
+    .venv/bin/python bench/unet_bench.py --family sd15 --px 512 768 --ratio 0.5 [--todo 2 3] [--sdpa] [--dtype bf16]
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def ideal_patches(ratio, max_downsample):
     return attn1, attn1_output
 
 
-def variants(nodes_module, core_cls, model, ratio, max_downsample):
+def variants(nodes_module, core_cls, model, ratio, max_downsample, todo_factors=()):
     def ours(mode):
         return nodes_module.apply_tome(model, ratio, 2, 2, str(max_downsample), seed=0, use_rand=True, merge=mode)
 
@@ -66,6 +68,7 @@ def variants(nodes_module, core_cls, model, ratio, max_downsample):
         "ours-q": ours("q only"),
         "ours-kv": ours("k and v only"),
         "ideal": ideal,
+        **{f"todo-{f}": nodes_module.apply_todo(model, f, str(max_downsample)) for f in todo_factors},
     }
 
 
@@ -102,8 +105,8 @@ def run(args) -> list[dict]:
         conds = {}
         if args.family == "sdxl":
             conds["y"] = torch.zeros(1, random_models.UNET_CONFIGS["sdxl"]["adm_in_channels"], device=device)
-        for ratio in args.ratio:
-            models = variants(ours_nodes, core_cls, model, ratio, max_downsample)
+        for i, ratio in enumerate(args.ratio):
+            models = variants(ours_nodes, core_cls, model, ratio, max_downsample, args.todo if i == 0 else ())
             baseline = forward(models["none"], x, sigma, context, conds, device).float()
             times = {name: [] for name in models}
             peaks = {}
@@ -121,7 +124,8 @@ def run(args) -> list[dict]:
                     times[name].append(time.perf_counter() - start)
             for name in models:
                 best = min(times[name])
-                rows.append({"family": args.family, "px": px, "ratio": ratio, "dtype": args.dtype,
+                rows.append({"family": args.family, "px": px, "dtype": args.dtype,
+                             "ratio": None if name.startswith("todo") else ratio,
                              "attention": attention_name, "device": device.type, "variant": name,
                              "seconds": best, "speed-up": min(times["none"]) / best,
                              "vs core": min(times["core"]) / best, "peak MiB": peaks[name],
@@ -135,7 +139,8 @@ def markdown(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         peak = "n/a" if r["peak MiB"] is None else f"{r['peak MiB']:.0f}"
-        lines.append(f"| {r['family']} {r['dtype']} | {r['px']} | {r['ratio']} | {r['variant']} | {r['seconds']:.2f} "
+        ratio = "-" if r["ratio"] is None else r["ratio"]
+        lines.append(f"| {r['family']} {r['dtype']} | {r['px']} | {ratio} | {r['variant']} | {r['seconds']:.2f} "
                      f"| {r['speed-up']:.2f}x | {r['vs core']:.2f}x | {r['relative distance']:.3f} | {peak} |")
     return "\n".join(lines)
 
@@ -149,8 +154,14 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for px in sorted({r["px"] for r in rows}):
         for variant in dict.fromkeys(r["variant"] for r in rows):
-            points = sorted((r["ratio"], r["speed-up"]) for r in rows if r["px"] == px and r["variant"] == variant)
-            ax.plot(*zip(*points, strict=True), marker="o", label=f"{variant} {px}px")
+            points = sorted((r["ratio"], r["speed-up"]) for r in rows if r["px"] == px and r["variant"] == variant
+                            and r["ratio"] is not None)
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=f"{variant} {px}px")
+            else:  # ToDo: no ratio, a level line across the plot
+                (speed_up,) = [r["speed-up"] for r in rows if r["px"] == px and r["variant"] == variant]
+                ax.axhline(speed_up, linestyle="--", linewidth=1, label=f"{variant} {px}px",
+                           color=f"C{len(ax.lines) % 10}")
     ax.set_xlabel("ratio")
     ax.set_ylabel("speed-up over no patch")
     ax.set_title(f"{rows[0]['family']} U-Net forward, {rows[0]['device']}, {rows[0]['attention']}")
@@ -165,6 +176,7 @@ def main() -> None:
     parser.add_argument("--family", choices=["sd15", "sdxl"], default="sd15")
     parser.add_argument("--px", type=int, nargs="+", default=[512])
     parser.add_argument("--ratio", type=float, nargs="+", default=[0.5])
+    parser.add_argument("--todo", type=int, nargs="*", default=[2, 3], help="ToDo downsample factors to run")
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
     parser.add_argument("--sdpa", action="store_true", help="PyTorch SDPA attention (ComfyUI's CUDA default)")
     parser.add_argument("--repeats", type=int, default=3)
