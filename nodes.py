@@ -18,6 +18,7 @@ from .attn_patch import (
 )
 from .tome.downsample import METHODS, NEAREST
 from .tome.grid import ratio_cap
+from .tome.levels import ldm_transformer_downsamples
 
 log = logging.getLogger(__name__)
 
@@ -32,17 +33,7 @@ def transformer_downsamples(model) -> list[int]:
     Empty for a model that is not a U-Net with ``SpatialTransformer`` blocks (a
     DiT such as SD3 or Flux).
     """
-    unet = model.get_model_object("diffusion_model")
-    levels = set()
-    downsample = 1
-    for block in getattr(unet, "input_blocks", ()):
-        for layer in block:
-            kind = type(layer).__name__
-            if kind == "Downsample":
-                downsample *= 2
-            elif kind == "SpatialTransformer":
-                levels.add(downsample)
-    return sorted(levels)
+    return ldm_transformer_downsamples(model.get_model_object("diffusion_model"))
 
 
 def unet_levels(model, node: str) -> list[int]:

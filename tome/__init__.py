@@ -1,13 +1,18 @@
 """Token merging for Stable Diffusion, in pure PyTorch (no ComfyUI import)."""
 
+from .downsample import downsample_tokens
 from .merge import IDENTITY, MergePlan, bipartite_soft_matching_random2d, build_plan
 from .partition import Partition, draw_partition
+from .patch import apply_patch, remove_patch
 
 __all__ = [
     "IDENTITY",
     "MergePlan",
     "Partition",
+    "apply_patch",
     "bipartite_soft_matching_random2d",
     "build_plan",
+    "downsample_tokens",
     "draw_partition",
+    "remove_patch",
 ]
