@@ -1,4 +1,4 @@
-"""The attn1 patches that run ToMe and ToDo inside ComfyUI's transformer blocks.
+"""The patches that run ToMe and ToDo inside ComfyUI's transformer blocks.
 
 ComfyUI calls ``attn1_patch(n, context, value, extra_options)`` with
 ``n = norm1(x)`` (and ``context`` and ``value`` equal to it for self-attention)
@@ -6,12 +6,19 @@ and ``attn1_output_patch(out, extra_options)`` on the attention output. The
 ``extra_options`` dict is created afresh for every block call and handed to
 both, so the plan made by the first travels to the second inside it: no state
 is kept on the patch objects, which the model patcher deep-copies on clone.
+The block's cross-attention has the same pair of patch points (attn2), so the
+same plan reaches it. Its feed-forward has none: for the widest scope each
+block's ``ff`` is swapped, on the patched clone only, for a copy whose class
+merges around it (``merged_feed_forward``), and the plan reaches it through a
+context variable that the block's attn1 patch sets and the feed-forward clears.
 
 No ComfyUI import: only the calling convention above.
 """
 
 from __future__ import annotations
 
+import contextvars
+import copy
 import functools
 import logging
 import math
@@ -31,7 +38,18 @@ MERGE_Q = "q only"
 MERGE_KV = "k and v only"
 MERGE_MODES = (MERGE_QKV, MERGE_Q, MERGE_KV)
 
-PLAN_KEY = "tome_plan"  # the plan of this block call, in its extra_options
+# Which modules of a patched block work on merged tokens.
+SCOPE_SELF = "self-attention"
+SCOPE_CROSS = "self- and cross-attention"
+SCOPE_ALL = "self-attention, cross-attention and MLP"
+SCOPES = (SCOPE_SELF, SCOPE_CROSS, SCOPE_ALL)
+
+# In a block call's extra_options: the plan awaiting unmerge after attn1, after attn2, and the block's plan.
+PLAN_KEY = "tome_plan"
+ATTN2_PLAN_KEY = "tome_attn2_plan"
+BLOCK_PLAN_KEY = "tome_block_plan"
+# The plan the next feed-forward merges around; each block's attn1 patch sets it, that block's ff clears it.
+_FEED_FORWARD_PLAN = contextvars.ContextVar("tome_feed_forward_plan", default=IDENTITY)
 
 
 def _current_sigma(extra_options) -> float | None:
@@ -73,6 +91,7 @@ class ToMeSettings:
     seed: int = 0
     use_rand: bool = True
     merge: str = MERGE_QKV
+    modules: str = SCOPE_SELF  # the node's ``scope`` input
 
 
 class ToMeAttn1Patch:
@@ -99,6 +118,10 @@ class ToMeAttn1Patch:
 
     def __call__(self, n, context, value, extra_options):
         plan = self.plan(n, extra_options)
+        if self.settings.modules != SCOPE_SELF:
+            extra_options[BLOCK_PLAN_KEY] = plan
+        if self.settings.modules == SCOPE_ALL:
+            _FEED_FORWARD_PLAN.set(plan)  # IDENTITY too, so a block never sees an earlier block's plan
         if plan is IDENTITY:
             return n, context, value
         n_tokens = n.shape[1]
@@ -127,7 +150,50 @@ class ToMeAttn1OutputPatch:
         return out if plan is None else plan.unmerge(out)
 
 
-TOME_PATCH_TYPES = (ToMeAttn1Patch, ToMeAttn1OutputPatch)
+class ToMeAttn2Patch:
+    """Merges the queries of cross-attention with the block's plan (the text context stays whole)."""
+
+    def __call__(self, n, context, value, extra_options):
+        plan = extra_options.get(BLOCK_PLAN_KEY, IDENTITY)
+        if plan is IDENTITY or n.shape[1] != plan.n_tokens:
+            return n, context, value
+        extra_options[ATTN2_PLAN_KEY] = plan
+        return plan.merge(n), context, value
+
+
+class ToMeAttn2OutputPatch:
+    """Gives every merged query token its destination's cross-attention output back."""
+
+    def __call__(self, out, extra_options):
+        plan = extra_options.pop(ATTN2_PLAN_KEY, None)
+        return out if plan is None else plan.unmerge(out)
+
+
+class MergedFeedForward:
+    """Mixed into a copy of a block's feed-forward: runs it on the tokens merged by the block's plan."""
+
+    def forward(self, x):
+        plan = _FEED_FORWARD_PLAN.get()
+        _FEED_FORWARD_PLAN.set(IDENTITY)
+        if plan is IDENTITY or x.shape[1] != plan.n_tokens:
+            return super().forward(x)
+        return plan.unmerge(super().forward(plan.merge(x)))
+
+
+@functools.cache
+def _merged_class(cls: type) -> type:
+    return type(f"ToMe{cls.__name__}", (MergedFeedForward, cls), {})
+
+
+def merged_feed_forward(ff: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``ff`` that merges around itself. Shallow: it shares ``ff``'s submodules and weights, so
+    weight patches (LoRA) keep their keys and reach the same tensors, and ``ff`` itself is left as it is."""
+    merged = copy.copy(ff)
+    merged.__class__ = _merged_class(type(ff))
+    return merged
+
+
+TOME_PATCH_TYPES = (ToMeAttn1Patch, ToMeAttn1OutputPatch, ToMeAttn2Patch, ToMeAttn2OutputPatch)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,30 @@ def self_attention_calls(model):
             hook.remove()
 
 
+@contextlib.contextmanager
+def token_counts(model, suffix: str):
+    """Record the token count of the first input of every module whose name ends with ``suffix``
+    (``.attn2`` for cross-attention queries, ``.ff.net`` for what the feed-forward computes on), by module."""
+    counts: list[tuple[str, int]] = []
+    hooks = [module.register_forward_pre_hook(lambda m, a, name=name: counts.append((name, a[0].shape[1])))
+             for name, module in model.model.diffusion_model.named_modules() if name.endswith(suffix)]
+    try:
+        yield counts
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+@contextlib.contextmanager
+def loaded(model):
+    """``model`` as ComfyUI's sampler holds it: its object patches applied to the shared U-Net, undone after."""
+    model.patch_model()
+    try:
+        yield model
+    finally:
+        model.unpatch_model()
+
+
 def random_latent(batch, h, w, seed=0):
     return torch.randn(batch, 4, h, w, generator=torch.Generator().manual_seed(seed))
 

@@ -29,7 +29,7 @@ def test_ui_workflows_are_up_to_date_with_their_api_twins(server):
 TOME_INPUTS = {"model", "ratio", "stride_x", "stride_y", "max_downsample"}
 NODE_INPUTS = {
     "ApplyToMe": TOME_INPUTS,
-    "ApplyToMeAdvanced": TOME_INPUTS | {"seed", "use_rand", "merge", "start_percent", "end_percent"},
+    "ApplyToMeAdvanced": TOME_INPUTS | {"seed", "use_rand", "merge", "start_percent", "end_percent", "scope"},
     "ApplyToDo": {"model", "downsample_factor", "max_downsample", "method", "start_percent", "end_percent"},
 }
 
@@ -37,7 +37,7 @@ NODE_INPUTS = {
 @pytest.mark.parametrize("node", NODE_INPUTS)
 def test_object_info_lists_every_input_with_a_tooltip(server, node):
     info = _get_json(f"{server}/object_info/{node}")[node]
-    inputs = info["input"]["required"]
+    inputs = {**info["input"]["required"], **info["input"].get("optional", {})}
     expected = NODE_INPUTS[node]
     assert set(inputs) == expected
     for name, spec in inputs.items():
