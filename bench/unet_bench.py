@@ -9,8 +9,14 @@ Variants, run round-robin in one process (minimum of ``--repeats``):
   ideal        self-attention on N - r tokens with merge and unmerge (almost) free: the limit
   todo-F       Apply ToDo, keys and values pooled by F x F (nearest), for each F of ``--todo``; they do not
                depend on the ratio, so they run with the first ratio only (their rows have no ratio)
+  S-dsD        with ``--scope-grid``: Apply ToMe (q, k and v) with scope S (self, self+cross, all) at
+               max_downsample D, for each D of ``--max-downsample``
+
+``--variants`` picks among the fixed ones (none is always run); at 1024 px a full set takes long.
 
     .venv/bin/python bench/unet_bench.py --family sd15 --px 512 768 --ratio 0.5 [--todo 2 3] [--sdpa] [--dtype bf16]
+    .venv/bin/python bench/unet_bench.py --family sdxl --px 1024 --variants core --todo --scope-grid \
+        --max-downsample 2 4
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ import comfyui_host  # noqa: E402
 from tome.grid import block_downsample  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+FIXED_VARIANTS = ("core", "ours-qkv", "ours-q", "ours-kv", "ideal")
+SCOPES = {"self": "self-attention", "self+cross": "self- and cross-attention",
+          "all": "self-attention, cross-attention and MLP"}
 
 
 def ideal_patches(ratio, max_downsample):
@@ -53,23 +62,43 @@ def ideal_patches(ratio, max_downsample):
     return attn1, attn1_output
 
 
-def variants(nodes_module, core_cls, model, ratio, max_downsample, todo_factors=()):
-    def ours(mode):
-        return nodes_module.apply_tome(model, ratio, 2, 2, str(max_downsample), seed=0, use_rand=True, merge=mode)
+def variants(nodes_module, core_cls, model, ratio, max_downsample, todo_factors=(), fixed=FIXED_VARIANTS,
+             scope_downsamples=()):
+    """The models to time, by name: ``none`` and the ``fixed`` ones, ToDo for each factor, and Apply ToMe for
+    each scope at each of ``scope_downsamples``."""
+    def ours(mode, scope="self-attention", downsample=max_downsample):
+        return nodes_module.apply_tome(model, ratio, 2, 2, str(downsample), seed=0, use_rand=True, merge=mode,
+                                       scope=scope)
 
-    ideal = model.clone()
-    attn1, attn1_output = ideal_patches(ratio, max_downsample)
-    ideal.set_model_attn1_patch(attn1)
-    ideal.set_model_attn1_output_patch(attn1_output)
+    def ideal():
+        patched = model.clone()
+        attn1, attn1_output = ideal_patches(ratio, max_downsample)
+        patched.set_model_attn1_patch(attn1)
+        patched.set_model_attn1_output_patch(attn1_output)
+        return patched
+
+    makers = {
+        "core": lambda: core_cls.execute(model, ratio=ratio).result[0],
+        "ours-qkv": lambda: ours("q, k and v"),
+        "ours-q": lambda: ours("q only"),
+        "ours-kv": lambda: ours("k and v only"),
+        "ideal": ideal,
+    }
     return {
         "none": model,
-        "core": core_cls.execute(model, ratio=ratio).result[0],
-        "ours-qkv": ours("q, k and v"),
-        "ours-q": ours("q only"),
-        "ours-kv": ours("k and v only"),
-        "ideal": ideal,
+        **{name: makers[name]() for name in fixed},
         **{f"todo-{f}": nodes_module.apply_todo(model, f, str(max_downsample)) for f in todo_factors},
+        **{f"{short}-ds{d}": ours("q, k and v", scope, d)
+           for d in scope_downsamples for short, scope in SCOPES.items()},
     }
+
+
+def load(model):
+    """Make ``model`` the loaded one, as the sampler does before its first step: this applies its object
+    patches (the MLP swap of scope "all") and takes those of the previously loaded clone off. Untimed."""
+    import comfy.model_management
+
+    comfy.model_management.load_models_gpu([model])
 
 
 def forward(model, x, sigma, context, conds, device):
@@ -106,7 +135,9 @@ def run(args) -> list[dict]:
         if args.family == "sdxl":
             conds["y"] = torch.zeros(1, random_models.UNET_CONFIGS["sdxl"]["adm_in_channels"], device=device)
         for i, ratio in enumerate(args.ratio):
-            models = variants(ours_nodes, core_cls, model, ratio, max_downsample, args.todo if i == 0 else ())
+            models = variants(ours_nodes, core_cls, model, ratio, max_downsample, args.todo if i == 0 else (),
+                              args.variants, args.max_downsample if args.scope_grid else ())
+            load(models["none"])
             baseline = forward(models["none"], x, sigma, context, conds, device).float()
             times = {name: [] for name in models}
             peaks = {}
@@ -114,11 +145,13 @@ def run(args) -> list[dict]:
             for name, m in models.items():  # warm-up, output distance and peak memory
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats()
+                load(m)
                 out = forward(m, x, sigma, context, conds, device).float()
                 distance[name] = float((out - baseline).norm() / baseline.norm())
                 peaks[name] = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
             for _ in range(args.repeats):
                 for name, m in models.items():
+                    load(m)
                     start = time.perf_counter()
                     forward(m, x, sigma, context, conds, device)
                     times[name].append(time.perf_counter() - start)
@@ -128,7 +161,8 @@ def run(args) -> list[dict]:
                              "ratio": None if name.startswith("todo") else ratio,
                              "attention": attention_name, "device": device.type, "variant": name,
                              "seconds": best, "speed-up": min(times["none"]) / best,
-                             "vs core": min(times["core"]) / best, "peak MiB": peaks[name],
+                             "vs core": min(times["core"]) / best if "core" in times else None,
+                             "peak MiB": peaks[name],
                              "relative distance": distance[name]})
                 print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -140,8 +174,9 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         peak = "n/a" if r["peak MiB"] is None else f"{r['peak MiB']:.0f}"
         ratio = "-" if r["ratio"] is None else r["ratio"]
+        vs_core = "n/a" if r["vs core"] is None else f"{r['vs core']:.2f}x"
         lines.append(f"| {r['family']} {r['dtype']} | {r['px']} | {ratio} | {r['variant']} | {r['seconds']:.2f} "
-                     f"| {r['speed-up']:.2f}x | {r['vs core']:.2f}x | {r['relative distance']:.3f} | {peak} |")
+                     f"| {r['speed-up']:.2f}x | {vs_core} | {r['relative distance']:.3f} | {peak} |")
     return "\n".join(lines)
 
 
@@ -177,6 +212,11 @@ def main() -> None:
     parser.add_argument("--px", type=int, nargs="+", default=[512])
     parser.add_argument("--ratio", type=float, nargs="+", default=[0.5])
     parser.add_argument("--todo", type=int, nargs="*", default=[2, 3], help="ToDo downsample factors to run")
+    parser.add_argument("--variants", nargs="*", choices=FIXED_VARIANTS, default=list(FIXED_VARIANTS),
+                        help="which fixed variants to run beside no patch")
+    parser.add_argument("--scope-grid", action="store_true", help="Apply ToMe at every scope and max_downsample")
+    parser.add_argument("--max-downsample", type=int, nargs="+", default=[1, 2, 4],
+                        help="the max_downsample values of --scope-grid")
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
     parser.add_argument("--sdpa", action="store_true", help="PyTorch SDPA attention (ComfyUI's CUDA default)")
     parser.add_argument("--repeats", type=int, default=3)

@@ -28,16 +28,18 @@ def test_merge_bench_runs_and_writes_its_table(tmp_path, monkeypatch):
 def test_unet_bench_variants_cut_the_same_tokens_and_plot(comfy_nodes, pack, tmp_path):
     bench = _load("unet_bench")
     model = random_models.build_unet_model("sd15", channels=32, context_dim=32)
-    models = bench.variants(pack.nodes, comfy_nodes.NODE_CLASS_MAPPINGS["TomePatchModel"], model, 0.5, 1, (2, 3))
-    assert set(models) == {"none", "core", "ours-qkv", "ours-q", "ours-kv", "ideal", "todo-2", "todo-3"}
+    models = bench.variants(pack.nodes, comfy_nodes.NODE_CLASS_MAPPINGS["TomePatchModel"], model, 0.5, 1, (2, 3),
+                            scope_downsamples=(1, 2))
+    assert set(models) == {"none", "core", "ours-qkv", "ours-q", "ours-kv", "ideal", "todo-2", "todo-3",
+                           "self-ds1", "self+cross-ds1", "all-ds1", "self-ds2", "self+cross-ds2", "all-ds2"}
     x, context = torch.randn(1, 4, 16, 16), torch.randn(1, 77, 32)
     lengths = {}
-    for name in ("ours-qkv", "ideal"):
+    for name in ("ours-qkv", "ideal", "self-ds1"):
         with self_attention_calls(models[name]) as calls:
             out = forward(models[name], x, 5.0, context)
         lengths[name] = [(c.queries, c.keys) for c in calls]
         assert out.shape == x.shape
-    assert lengths["ours-qkv"] == lengths["ideal"]
+    assert lengths["ours-qkv"] == lengths["ideal"] == lengths["self-ds1"]
     rows = [{"family": "sd15", "px": 128, "ratio": None if name.startswith("todo") else 0.5, "dtype": "fp32",
              "attention": "test", "device": "cpu",
              "variant": name, "seconds": 1.0, "speed-up": 1.0, "vs core": 1.0, "peak MiB": None,
