@@ -92,21 +92,64 @@ class ToMeSettings:
     use_rand: bool = True
     merge: str = MERGE_QKV
     modules: str = SCOPE_SELF  # the node's ``scope`` input
+    reuse_steps: int = 1  # how many consecutive sampling steps one matching serves
+
+
+class StepCounter:
+    """Numbers the sampling steps of a run from the sigmas the patch sees (one step per distinct sigma,
+    cond and uncond batches included); a sigma above the previous one starts a new run."""
+
+    def __init__(self):
+        self.step = -1
+        self.sigma = None
+
+    def advance(self, sigma: float | None) -> bool:
+        """Track ``sigma``; True when it starts a new run."""
+        if sigma == self.sigma:
+            return False
+        new_run = self.sigma is None or sigma is None or sigma > self.sigma
+        self.step = 0 if new_run else self.step + 1
+        self.sigma = sigma
+        return new_run
 
 
 class ToMeAttn1Patch:
-    """Builds the plan from ``norm1(x)`` and merges the self-attention inputs."""
+    """Builds the plan from ``norm1(x)`` and merges the self-attention inputs.
+
+    With ``reuse_steps`` > 1, a block's plan is kept and served again for the
+    next steps (the matching is the costly part); the cache lives for one
+    sampling run and is not copied with the model.
+    """
 
     def __init__(self, settings: ToMeSettings):
         self.settings = settings
+        self.steps = StepCounter()
+        self.cache: dict = {}
+
+    def __deepcopy__(self, memo):
+        return type(self)(self.settings)  # the model patcher deep-copies patches on clone: a fresh cache
 
     def plan(self, n: torch.Tensor, extra_options):
         """The merge plan for this block call, or ``IDENTITY`` where ToMe must not act."""
         s = self.settings
-        n_tokens = n.shape[1]
-        grid = s.scope.grid(n_tokens, extra_options)
+        grid = s.scope.grid(n.shape[1], extra_options)
         if grid is None:
             return IDENTITY
+        if s.reuse_steps <= 1:
+            return self.fresh_plan(n, grid, extra_options)
+        if self.steps.advance(_current_sigma(extra_options)):
+            self.cache.clear()
+        key = (extra_options.get("block"), extra_options.get("block_index", 0), tuple(n.shape),
+               tuple(extra_options.get("cond_or_uncond") or ()))
+        step, plan = self.cache.get(key, (None, None))
+        if step is None or self.steps.step - step >= s.reuse_steps:
+            plan = self.fresh_plan(n, grid, extra_options)
+            self.cache[key] = (self.steps.step, plan)
+        return plan
+
+    def fresh_plan(self, n: torch.Tensor, grid: tuple[int, int], extra_options):
+        """A new plan from this call's tokens ``n`` over their ``(w, h)`` grid."""
+        s = self.settings
         w, h = grid
         generator = None
         if s.use_rand:
@@ -114,7 +157,8 @@ class ToMeAttn1Patch:
             sigma = _current_sigma(extra_options) or 0.0
             seed = derive_seed(s.seed, sigma, block, extra_options.get("block_index", 0))
             generator = torch.Generator().manual_seed(seed)
-        return build_plan(n, w, h, s.sx, s.sy, int(n_tokens * s.ratio), no_rand=not s.use_rand, generator=generator)
+        return build_plan(n, w, h, s.sx, s.sy, int(n.shape[1] * s.ratio), no_rand=not s.use_rand,
+                          generator=generator)
 
     def __call__(self, n, context, value, extra_options):
         plan = self.plan(n, extra_options)

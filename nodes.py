@@ -239,19 +239,26 @@ class ApplyToMeAdvanced:
             }),
             **_window_inputs("merging"),
         }, "optional": {
-            # Optional, so API graphs saved before it existed still validate; absent means self-attention.
+            # Optional, so API graphs saved before they existed still validate; absent means today's behaviour.
             "scope": (list(SCOPES), {
                 "default": SCOPE_SELF,
                 "tooltip": "Which modules of a patched block run on the merged tokens. self-attention: the "
                            "paper's default. Adding cross-attention (its queries) and the MLP is faster, "
                            "most of all on SDXL with max_downsample 4, at a larger cost in fidelity.",
             }),
+            "reuse_steps": ("INT", {
+                "default": 1, "min": 1, "max": 20,
+                "tooltip": "How many consecutive sampling steps one matching serves. 1: a fresh matching every "
+                           "step (the paper). Larger values skip the similarity search on the steps between, "
+                           "a small saving, at some cost in fidelity as tokens drift from their match.",
+            }),
         }}
 
     def patch(self, model, ratio, stride_x, stride_y, max_downsample, seed, use_rand, merge,
-              start_percent, end_percent, scope=SCOPE_SELF):
+              start_percent, end_percent, scope=SCOPE_SELF, reuse_steps=1):
         return (apply_tome(model, ratio, stride_x, stride_y, max_downsample, seed=seed, use_rand=use_rand,
-                           merge=merge, start_percent=start_percent, end_percent=end_percent, scope=scope),)
+                           merge=merge, start_percent=start_percent, end_percent=end_percent, scope=scope,
+                           reuse_steps=reuse_steps),)
 
 
 class ApplyToDo:

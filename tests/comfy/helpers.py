@@ -69,6 +69,24 @@ def loaded(model):
         model.unpatch_model()
 
 
+SAMPLER_STEPS = 4
+
+
+def conditioning():
+    """Positive and negative conditioning for the 32-wide test models."""
+    context = torch.randn(1, 77, 32, generator=torch.Generator().manual_seed(5))
+    return [[context, {}]], [[torch.zeros_like(context), {}]]
+
+
+def sample(comfy_nodes, model, seed=3, positive_negative=None):
+    """A real KSampler run: 4 euler steps, cfg 4, on a 16x16 latent."""
+    positive, negative = positive_negative or conditioning()
+    latent = {"samples": torch.zeros(1, 4, 16, 16)}
+    (out,) = comfy_nodes.KSampler().sample(model, seed, SAMPLER_STEPS, 4.0, "euler", "normal", positive, negative,
+                                           latent)
+    return out["samples"]
+
+
 def random_latent(batch, h, w, seed=0):
     return torch.randn(batch, 4, h, w, generator=torch.Generator().manual_seed(seed))
 

@@ -2,36 +2,22 @@
 
 import random_models
 import torch
-from helpers import sd15_level, self_attention_calls
-
-STEPS = 4
-
-
-def _conditioning():
-    context = torch.randn(1, 77, 32, generator=torch.Generator().manual_seed(5))
-    return [[context, {}]], [[torch.zeros_like(context), {}]]
-
-
-def _sample(comfy_nodes, model, seed=3, conditioning=None):
-    positive, negative = conditioning or _conditioning()
-    latent = {"samples": torch.zeros(1, 4, 16, 16)}
-    (out,) = comfy_nodes.KSampler().sample(model, seed, STEPS, 4.0, "euler", "normal", positive, negative, latent)
-    return out["samples"]
+from helpers import conditioning, sample, sd15_level, self_attention_calls
 
 
 def test_ksampler_output_is_finite_reproducible_and_changed_by_tome(pack, comfy_nodes, sd15):
     patched = pack.nodes.ApplyToMe().patch(sd15, 0.5, 2, 2, "auto")[0]
-    first = _sample(comfy_nodes, patched)
+    first = sample(comfy_nodes, patched)
     assert torch.isfinite(first).all()
-    assert torch.equal(first, _sample(comfy_nodes, patched))
-    assert not torch.equal(first, _sample(comfy_nodes, sd15))
+    assert torch.equal(first, sample(comfy_nodes, patched))
+    assert not torch.equal(first, sample(comfy_nodes, sd15))
 
 
 def test_merging_happens_only_inside_the_step_window(pack, comfy_nodes, sd15):
     patched = pack.nodes.ApplyToMeAdvanced().patch(sd15, 0.5, 2, 2, "auto", 0, True, "q, k and v", 0.5, 1.0)[0]
     sigma_start = sd15.get_model_object("model_sampling").percent_to_sigma(0.5)
     with self_attention_calls(patched) as calls:
-        _sample(comfy_nodes, patched)
+        sample(comfy_nodes, patched)
     full_res = [c for c in calls if sd15_level(c.module) == 1]
     outside = [c for c in full_res if c.sigma > sigma_start]
     inside = [c for c in full_res if c.sigma <= sigma_start]
@@ -63,22 +49,22 @@ def test_lora_keeps_working_before_and_after_tome(pack, comfy_nodes, sd15):
     assert len(tome_then_lora.patches) == len(lora_then_tome.patches) == 9  # every LoRA key found
 
     with self_attention_calls(tome_then_lora) as calls:
-        with_lora = _sample(comfy_nodes, tome_then_lora)
+        with_lora = sample(comfy_nodes, tome_then_lora)
     assert any(c.queries == c.keys == 128 for c in calls), "ToMe must still merge"
-    assert not torch.allclose(with_lora, _sample(comfy_nodes, tome_only)), "the LoRA must still act"
-    torch.testing.assert_close(with_lora, _sample(comfy_nodes, lora_then_tome))
+    assert not torch.allclose(with_lora, sample(comfy_nodes, tome_only)), "the LoRA must still act"
+    torch.testing.assert_close(with_lora, sample(comfy_nodes, lora_then_tome))
 
 
 def test_controlnet_keeps_working_with_tome(pack, comfy_nodes, sd15):
     control_net = random_models.build_controlnet("sd15", channels=32, context_dim=32)
     hint = torch.rand(1, 128, 128, 3, generator=torch.Generator().manual_seed(9))  # 8x the 16x16 latent
-    controlled = comfy_nodes.ControlNetApplyAdvanced().apply_controlnet(*_conditioning(), control_net, hint,
+    controlled = comfy_nodes.ControlNetApplyAdvanced().apply_controlnet(*conditioning(), control_net, hint,
                                                                         1.0, 0.0, 1.0)
     patched = pack.nodes.apply_tome(sd15, 0.5, 2, 2, "auto")
 
     with self_attention_calls(patched) as calls:
-        with_control = _sample(comfy_nodes, patched, conditioning=controlled)
+        with_control = sample(comfy_nodes, patched, positive_negative=controlled)
     assert torch.isfinite(with_control).all()
     assert any(c.queries == c.keys == 128 for c in calls), "ToMe must still merge"
-    assert not torch.allclose(with_control, _sample(comfy_nodes, patched)), "the ControlNet must still act"
-    assert torch.equal(with_control, _sample(comfy_nodes, patched, conditioning=controlled))
+    assert not torch.allclose(with_control, sample(comfy_nodes, patched)), "the ControlNet must still act"
+    assert torch.equal(with_control, sample(comfy_nodes, patched, positive_negative=controlled))

@@ -7,6 +7,7 @@ from helpers import (
     loaded,
     random_context,
     random_latent,
+    sample,
     sd15_level,
     sdxl_conds,
     self_attention_calls,
@@ -83,8 +84,8 @@ def test_input_model_stays_untouched_and_ratio_zero_removes_the_mlp_swap(pack, c
     x, context = random_latent(1, 16, 16), random_context(1)
     before = forward(sd15, x, 5.0, context)
     patched = advanced(pack, sd15, ALL)
-    _sample(comfy_nodes, patched)
-    _sample(comfy_nodes, sd15)
+    sample(comfy_nodes, patched)
+    sample(comfy_nodes, sd15)
     assert not sd15.object_patches
     assert all(type(m).__name__ == "FeedForward" for name, m in sd15.model.diffusion_model.named_modules()
                if name.endswith(".ff"))
@@ -107,13 +108,6 @@ def _ff_lora(rank=4, seed=0):
     return lora
 
 
-def _sample(comfy_nodes, model):
-    positive, negative = [[random_context(1), {}]], [[torch.zeros(1, 77, 32), {}]]
-    (out,) = comfy_nodes.KSampler().sample(model, 1, 2, 4.0, "euler", "normal", positive, negative,
-                                           {"samples": torch.zeros(1, 4, 16, 16)})
-    return out["samples"]
-
-
 def test_lora_on_the_mlp_still_acts_through_the_swapped_feed_forward(pack, comfy_nodes, sd15):
     import comfy.sd
 
@@ -123,10 +117,10 @@ def test_lora_on_the_mlp_still_acts_through_the_swapped_feed_forward(pack, comfy
     lora_then_tome = advanced(pack, comfy.sd.load_lora_for_models(sd15, None, lora, 1.0, 0)[0], ALL)
     assert len(tome_then_lora.patches) == len(lora_then_tome.patches) == 6  # every LoRA key found
     with token_counts(tome_then_lora, ".ff.net") as ff:
-        with_lora = _sample(comfy_nodes, tome_then_lora)
+        with_lora = sample(comfy_nodes, tome_then_lora)
     assert 128 in {n for _, n in ff}, "the MLP must still see merged tokens"
-    assert not torch.allclose(with_lora, _sample(comfy_nodes, tome_only)), "the LoRA must still act"
-    torch.testing.assert_close(with_lora, _sample(comfy_nodes, lora_then_tome))
+    assert not torch.allclose(with_lora, sample(comfy_nodes, tome_only)), "the LoRA must still act"
+    torch.testing.assert_close(with_lora, sample(comfy_nodes, lora_then_tome))
 
 
 def test_other_attn2_patches_before_and_after_keep_working(pack, sd15):

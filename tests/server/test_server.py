@@ -29,7 +29,8 @@ def test_ui_workflows_are_up_to_date_with_their_api_twins(server):
 TOME_INPUTS = {"model", "ratio", "stride_x", "stride_y", "max_downsample"}
 NODE_INPUTS = {
     "ApplyToMe": TOME_INPUTS,
-    "ApplyToMeAdvanced": TOME_INPUTS | {"seed", "use_rand", "merge", "start_percent", "end_percent", "scope"},
+    "ApplyToMeAdvanced": TOME_INPUTS | {"seed", "use_rand", "merge", "start_percent", "end_percent", "scope",
+                                        "reuse_steps"},
     "ApplyToDo": {"model", "downsample_factor", "max_downsample", "method", "start_percent", "end_percent"},
 }
 
