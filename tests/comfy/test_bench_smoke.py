@@ -59,3 +59,11 @@ def test_ideal_variant_restores_the_token_count(comfy_nodes, pack, ratio):
     kept, _, _ = attn1(n, n, n, options)
     assert kept.shape[1] == 256 - int(256 * ratio)
     assert attn1_output(kept, options).shape == n.shape
+
+
+def test_sampler_bench_runs_every_variant(comfy_nodes, pack):
+    bench = _load("sampler_bench")
+    rows = bench.run(bench.parse_args(["--px", "64", "--steps", "2", "--reuse", "2"]), comfy_nodes)
+    assert [r["variant"] for r in rows] == ["none", "core", "ours", "ours reuse 2"]
+    assert rows[0]["distance"] == 0.0 and all(r["seconds"] > 0 for r in rows)
+    assert len(bench.markdown(rows).splitlines()) == 6
