@@ -41,7 +41,7 @@ class MergePlan:
     A merged tensor is laid out as ``unmerged sources | destinations``.
     """
 
-    __slots__ = ("n_tokens", "dst_pos", "unm_pos", "src_pos", "dst_of_src")
+    __slots__ = ("n_tokens", "dst_pos", "unm_pos", "src_pos", "dst_of_src", "_kept_pos", "_source_index")
 
     def __init__(self, n_tokens: int, dst_pos: torch.Tensor, unm_pos: torch.Tensor,
                  src_pos: torch.Tensor, dst_of_src: torch.Tensor):
@@ -50,32 +50,49 @@ class MergePlan:
         self.unm_pos = unm_pos
         self.src_pos = src_pos
         self.dst_of_src = dst_of_src
+        # Index maps for merge and unmerge, made on first use and kept: one plan serves several tensors
+        # (q, k and v; the cross-attention and MLP inputs too), each then a single gather.
+        self._kept_pos = None
+        self._source_index = None
 
     @property
     def removed(self) -> int:
         """How many tokens ``merge`` removes: ``N - merged length``."""
         return self.src_pos.shape[1]
 
+    def kept_pos(self) -> torch.Tensor:
+        """``[B, N - removed, 1]``: the grid position each merged token starts from (unmerged sources, then
+        destinations)."""
+        if self._kept_pos is None:
+            batch = self.unm_pos.shape[0]
+            self._kept_pos = torch.cat([self.unm_pos, self.dst_pos.expand(batch, -1, -1)], dim=1)
+        return self._kept_pos
+
+    def source_index(self) -> torch.Tensor:
+        """``[B, N, 1]``: for each grid position, the merged token whose value it takes back on unmerge."""
+        if self._source_index is None:
+            batch, n_unm = self.unm_pos.shape[:2]
+            index = torch.empty(batch, self.n_tokens, 1, dtype=torch.long, device=self.dst_pos.device)
+            kept = self.kept_pos()
+            index.scatter_(1, kept, torch.arange(kept.shape[1], device=index.device).view(1, -1, 1)
+                           .expand(batch, -1, -1))
+            index.scatter_(1, self.src_pos, self.dst_of_src + n_unm)
+            self._source_index = index
+        return self._source_index
+
     def merge(self, x: torch.Tensor, mode: str = "mean") -> torch.Tensor:
         """``x [B, N, C] -> [B, N - removed, C]``; ``mode`` is a ``scatter_reduce`` reduction."""
         n, _, c = x.shape
-        unm = x.gather(1, self.unm_pos.expand(n, -1, c))
+        n_unm = self.unm_pos.shape[1]
+        merged = x.gather(1, self.kept_pos().expand(n, -1, c))
         src = x.gather(1, self.src_pos.expand(n, -1, c))
-        dst = x.gather(1, self.dst_pos.expand(n, -1, c))
-        dst = dst.scatter_reduce(1, self.dst_of_src.expand(n, -1, c), src, reduce=mode)
-        return torch.cat([unm, dst], dim=1)
+        merged[:, n_unm:].scatter_reduce_(1, self.dst_of_src.expand(n, -1, c), src, reduce=mode)
+        return merged
 
     def unmerge(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, N - removed, C] -> [B, N, C]``: every merged source gets its destination's value."""
         n, _, c = x.shape
-        n_unm = self.unm_pos.shape[1]
-        unm, dst = x[:, :n_unm], x[:, n_unm:]
-        src = dst.gather(1, self.dst_of_src.expand(n, -1, c))
-        out = torch.zeros(n, self.n_tokens, c, device=x.device, dtype=x.dtype)
-        out.scatter_(1, self.dst_pos.expand(n, -1, c), dst)
-        out.scatter_(1, self.unm_pos.expand(n, -1, c), unm)
-        out.scatter_(1, self.src_pos.expand(n, -1, c), src)
-        return out
+        return x.gather(1, self.source_index().expand(n, -1, c))
 
     def destination_of(self) -> torch.Tensor:
         """``[B, N]``: the grid position whose value each token has after ``unmerge(merge(x))``.
