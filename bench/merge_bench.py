@@ -4,6 +4,10 @@ Both run in one process, round-robin (so drift in machine load hits both
 alike), and each cell reports the minimum over ``--repeats`` runs.
 
     .venv/bin/python bench/merge_bench.py [--repeats 15] [--out bench/results]
+
+``--pieces`` instead times the parts of our merge separately, batch 1: the plan (partition and the
+similarity matching), one merge, one unmerge, beside a feed-forward of the SD width on all tokens and on
+the merged ones, to show where the time goes.
 """
 
 from __future__ import annotations
@@ -68,6 +72,46 @@ def run(repeats: int) -> list[dict]:
     return rows
 
 
+def best_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+def piece_times(n_tokens: int, channels: int, repeats: int) -> list[float]:
+    """Milliseconds for the plan, one merge, one unmerge, and an SD feed-forward on all and on merged tokens."""
+    side = int(n_tokens ** 0.5)
+    x = torch.randn(1, n_tokens, channels, generator=torch.Generator().manual_seed(0))
+    up, down = torch.nn.Linear(channels, channels * 8), torch.nn.Linear(channels * 4, channels)
+
+    def feed_forward(t):  # SD's GEGLU feed-forward
+        a, gate = up(t).chunk(2, dim=-1)
+        return down(a * torch.nn.functional.gelu(gate))
+
+    def plan():
+        return build_plan(x, side, side, 2, 2, int(n_tokens * RATIO), generator=torch.Generator().manual_seed(0))
+
+    with torch.inference_mode():
+        made = plan()
+        merged = made.merge(x)
+        return [best_ms(f, repeats) for f in (plan, lambda: made.merge(x), lambda: made.unmerge(merged),
+                                              lambda: feed_forward(x), lambda: feed_forward(merged))]
+
+
+def pieces(repeats: int) -> str:
+    """A Markdown table: where one block's merge spends its time."""
+    lines = ["| tokens | channels | plan (ms) | merge (ms) | unmerge (ms) | feed-forward, all tokens (ms) "
+             "| feed-forward, merged (ms) |", "|---|---|---|---|---|---|---|"]
+    for n_tokens, channels in SIZES:
+        cells = piece_times(n_tokens, channels, repeats)
+        lines.append(f"| {n_tokens} | {channels} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| tokens | channels | ours (ms) | tomesd 0.1.3 (ms) | ours vs tomesd |", "|---|---|---|---|---|"]
     for row in rows:
@@ -80,8 +124,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15, help="runs per cell; the minimum is reported")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="folder for the JSON and Markdown")
+    parser.add_argument("--pieces", action="store_true", help="time plan, merge and unmerge separately")
     args = parser.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
+    if args.pieces:
+        print(pieces(args.repeats))
+        return
     rows = run(args.repeats)
     table = markdown(rows)
     print(table)

@@ -23,6 +23,7 @@ def test_merge_bench_runs_and_writes_its_table(tmp_path, monkeypatch):
     rows = bench.run(repeats=1)
     assert [r["tokens"] for r in rows] == [256, 1024]
     assert bench.markdown(rows).count("\n") == 3
+    assert bench.pieces(repeats=1).count("\n") == 3
 
 
 def test_unet_bench_variants_cut_the_same_tokens_and_plot(comfy_nodes, pack, tmp_path):
