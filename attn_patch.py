@@ -4,8 +4,10 @@ ComfyUI calls ``attn1_patch(n, context, value, extra_options)`` with
 ``n = norm1(x)`` (and ``context`` and ``value`` equal to it for self-attention)
 and ``attn1_output_patch(out, extra_options)`` on the attention output. The
 ``extra_options`` dict is created afresh for every block call and handed to
-both, so the plan made by the first travels to the second inside it: no state
-is kept on the patch objects, which the model patcher deep-copies on clone.
+both, so the plan made by the first travels to the second inside it: no
+per-call state is kept on the patch objects, which the model patcher
+deep-copies on clone (only ``reuse_steps``'s plan cache, kept for one sampling
+run and never copied).
 The block's cross-attention has the same pair of patch points (attn2), so the
 same plan reaches it. Its feed-forward has none: for the widest scope each
 block's ``ff`` is swapped, on the patched clone only, for a copy whose class
@@ -58,7 +60,7 @@ def _current_sigma(extra_options) -> float | None:
 
 
 @dataclass(frozen=True)
-class Scope:
+class Reach:
     """Where and when a patch acts: blocks at ``max_downsample`` or finer, while the sampler's sigma lies in
     ``[sigma_end, sigma_start]``."""
 
@@ -87,7 +89,7 @@ class ToMeSettings:
     ratio: float
     sx: int
     sy: int
-    scope: Scope
+    reach: Reach
     seed: int = 0
     use_rand: bool = True
     merge: str = MERGE_QKV
@@ -132,7 +134,7 @@ class ToMeAttn1Patch:
     def plan(self, n: torch.Tensor, extra_options):
         """The merge plan for this block call, or ``IDENTITY`` where ToMe must not act."""
         s = self.settings
-        grid = s.scope.grid(n.shape[1], extra_options)
+        grid = s.reach.grid(n.shape[1], extra_options)
         if grid is None:
             return IDENTITY
         if s.reuse_steps <= 1:
@@ -245,7 +247,7 @@ class ToDoSettings:
     """What one Apply ToDo node asked for."""
 
     factor: int
-    scope: Scope
+    reach: Reach
     method: str = NEAREST
 
 
@@ -269,7 +271,7 @@ class ToDoAttn1Patch:
     def __call__(self, n, context, value, extra_options):
         s = self.settings
         n_tokens = n.shape[1]
-        grid = s.scope.grid(n_tokens, extra_options)
+        grid = s.reach.grid(n_tokens, extra_options)
         if grid is None:
             return n, context, value
         w, h = grid

@@ -13,7 +13,7 @@ from .attn_patch import (
     SCOPES,
     TOME_PATCH_TYPES,
     MergedFeedForward,
-    Scope,
+    Reach,
     ToDoAttn1Patch,
     ToDoSettings,
     ToMeAttn1OutputPatch,
@@ -111,7 +111,7 @@ def apply_tome(model, ratio: float, stride_x: int, stride_y: int, max_downsample
 
     start, end = advanced.pop("start_percent", 0.0), advanced.pop("end_percent", 1.0)
     sigma_start, sigma_end = sigma_window(model, start, end)
-    settings = ToMeSettings(ratio=ratio, sx=stride_x, sy=stride_y, scope=Scope(downsample, sigma_start, sigma_end),
+    settings = ToMeSettings(ratio=ratio, sx=stride_x, sy=stride_y, reach=Reach(downsample, sigma_start, sigma_end),
                             modules=scope, **advanced)
 
     patched = model.clone()
@@ -142,7 +142,7 @@ def apply_todo(model, downsample_factor: int, max_downsample: str, method: str =
     if not levels or (downsample_factor <= 1 and not has_patches(model, (ToDoAttn1Patch,))):
         return model
     downsample = pick_downsample(levels, max_downsample, "Apply ToDo")
-    settings = ToDoSettings(downsample_factor, Scope(downsample, *sigma_window(model, start_percent, end_percent)),
+    settings = ToDoSettings(downsample_factor, Reach(downsample, *sigma_window(model, start_percent, end_percent)),
                             method)
 
     patched = model.clone()

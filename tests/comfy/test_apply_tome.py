@@ -123,7 +123,7 @@ def test_cond_and_uncond_share_the_partition_when_run_as_separate_batches(pack, 
 
 
 def test_each_step_draws_a_fresh_partition(pack, sd15):
-    plan_patch = pack.attn_patch.ToMeAttn1Patch(pack.attn_patch.ToMeSettings(0.5, 2, 2, pack.attn_patch.Scope(1)))
+    plan_patch = pack.attn_patch.ToMeAttn1Patch(pack.attn_patch.ToMeSettings(0.5, 2, 2, pack.attn_patch.Reach(1)))
     n = torch.randn(1, 256, 8)
 
     def destinations(sigma, block=("input", 1)):

@@ -7,8 +7,8 @@ from helpers import SAMPLER_STEPS, sample
 
 
 def make_patch(pack, reuse_steps, sigma_end=0.0):
-    scope = pack.attn_patch.Scope(1, sigma_end=sigma_end)
-    return pack.attn_patch.ToMeAttn1Patch(pack.attn_patch.ToMeSettings(0.5, 2, 2, scope, reuse_steps=reuse_steps))
+    reach = pack.attn_patch.Reach(1, sigma_end=sigma_end)
+    return pack.attn_patch.ToMeAttn1Patch(pack.attn_patch.ToMeSettings(0.5, 2, 2, reach, reuse_steps=reuse_steps))
 
 
 def plans(patch, sigmas, block=("input", 1)):
