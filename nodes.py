@@ -169,6 +169,14 @@ def _window_inputs(tool: str):
     }
 
 
+def _max_downsample_input(effect: str):
+    return (DOWNSAMPLE_CHOICES, {
+        "default": "auto",
+        "tooltip": "Patch the transformer blocks at this downsample factor or finer. auto: the model's "
+                   "highest-resolution level with transformer blocks (1 on SD1.x/SD2.x, 2 on SDXL). " + effect,
+    })
+
+
 def _common_inputs():
     return {
         "model": ("MODEL", {"tooltip": "The diffusion model to speed up. It is cloned; the input stays unpatched."}),
@@ -186,12 +194,7 @@ def _common_inputs():
             "default": 2, "min": 1, "max": 8,
             "tooltip": "Height of the cells that each get one destination token (1 to 8). 2 is the paper's choice.",
         }),
-        "max_downsample": (DOWNSAMPLE_CHOICES, {
-            "default": "auto",
-            "tooltip": "Patch the transformer blocks at this downsample factor or finer. auto: the model's "
-                       "highest-resolution level with transformer blocks (1 on SD1.x/SD2.x, 2 on SDXL). "
-                       "Larger values merge more blocks: faster, lower fidelity.",
-        }),
+        "max_downsample": _max_downsample_input("Larger values merge more blocks: faster, lower fidelity."),
     }
 
 
@@ -212,7 +215,8 @@ class ApplyToMe:
 
 
 class ApplyToMeAdvanced:
-    DESCRIPTION = ApplyToMe.DESCRIPTION + " The advanced node adds the seed, the merge mode and a sampling window."
+    DESCRIPTION = ApplyToMe.DESCRIPTION + (" The advanced node adds the seed, the merge mode, a sampling window, "
+                                           "the modules merged (scope) and reuse of a matching across steps.")
     CATEGORY = CATEGORY
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "patch"
@@ -279,11 +283,7 @@ class ApplyToDo:
                            "of them, 3 a ninth. 1 turns ToDo off. A block whose token grid is smaller than the "
                            "factor is left as is.",
             }),
-            "max_downsample": (DOWNSAMPLE_CHOICES, {
-                "default": "auto",
-                "tooltip": "Patch the transformer blocks at this downsample factor or finer. auto: the model's "
-                           "highest-resolution level with transformer blocks (1 on SD1.x/SD2.x, 2 on SDXL).",
-            }),
+            "max_downsample": _max_downsample_input("Larger values pool in more blocks: faster, lower fidelity."),
             "method": (list(METHODS), {
                 "default": NEAREST,
                 "tooltip": "How a cell becomes one key/value token. nearest: its top-left token (the paper's "
