@@ -188,11 +188,15 @@ class ToMeAttn1Patch:
                 merged(value) if merge_kv else value)
 
 
-class ToMeAttn1OutputPatch:
-    """Gives every merged query token its destination's attention output back."""
+class ToMeUnmergePatch:
+    """An attention output patch: gives every merged query token its destination's output back, using the
+    plan its input patch left under ``key`` (``PLAN_KEY`` after attn1, ``ATTN2_PLAN_KEY`` after attn2)."""
+
+    def __init__(self, key: str):
+        self.key = key
 
     def __call__(self, out, extra_options):
-        plan = extra_options.pop(PLAN_KEY, None)
+        plan = extra_options.pop(self.key, None)
         return out if plan is None else plan.unmerge(out)
 
 
@@ -205,14 +209,6 @@ class ToMeAttn2Patch:
             return n, context, value
         extra_options[ATTN2_PLAN_KEY] = plan
         return plan.merge(n), context, value
-
-
-class ToMeAttn2OutputPatch:
-    """Gives every merged query token its destination's cross-attention output back."""
-
-    def __call__(self, out, extra_options):
-        plan = extra_options.pop(ATTN2_PLAN_KEY, None)
-        return out if plan is None else plan.unmerge(out)
 
 
 class MergedFeedForward:
@@ -239,7 +235,7 @@ def merged_feed_forward(ff: torch.nn.Module) -> torch.nn.Module:
     return merged
 
 
-TOME_PATCH_TYPES = (ToMeAttn1Patch, ToMeAttn1OutputPatch, ToMeAttn2Patch, ToMeAttn2OutputPatch)
+TOME_PATCH_TYPES = (ToMeAttn1Patch, ToMeUnmergePatch, ToMeAttn2Patch)
 
 
 @dataclass(frozen=True)

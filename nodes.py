@@ -6,8 +6,10 @@ import logging
 import math
 
 from .attn_patch import (
+    ATTN2_PLAN_KEY,
     MERGE_MODES,
     MERGE_QKV,
+    PLAN_KEY,
     SCOPE_ALL,
     SCOPE_SELF,
     SCOPES,
@@ -16,11 +18,10 @@ from .attn_patch import (
     Reach,
     ToDoAttn1Patch,
     ToDoSettings,
-    ToMeAttn1OutputPatch,
     ToMeAttn1Patch,
-    ToMeAttn2OutputPatch,
     ToMeAttn2Patch,
     ToMeSettings,
+    ToMeUnmergePatch,
     merged_feed_forward,
 )
 from .tome.downsample import METHODS, NEAREST
@@ -120,10 +121,10 @@ def apply_tome(model, ratio: float, stride_x: int, stride_y: int, max_downsample
     if ratio <= 0.0:
         return patched
     patched.set_model_attn1_patch(ToMeAttn1Patch(settings))
-    patched.set_model_attn1_output_patch(ToMeAttn1OutputPatch())
+    patched.set_model_attn1_output_patch(ToMeUnmergePatch(PLAN_KEY))
     if scope != SCOPE_SELF:
         patched.set_model_attn2_patch(ToMeAttn2Patch())
-        patched.set_model_attn2_output_patch(ToMeAttn2OutputPatch())
+        patched.set_model_attn2_output_patch(ToMeUnmergePatch(ATTN2_PLAN_KEY))
     if scope == SCOPE_ALL:
         for key in feed_forward_keys(patched):
             patched.add_object_patch(key, merged_feed_forward(patched.get_model_object(key)))

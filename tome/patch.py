@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .grid import block_downsample
+from .grid import block_downsample, token_grid
 from .levels import transformer_downsamples
 from .merge import IDENTITY, build_plan
 
@@ -113,10 +113,9 @@ def _plan_block(state: _ToMeState):
             return
         original_h, original_w = state.latent_size
         n_tokens = x.shape[1]
-        downsample = block_downsample(n_tokens, original_h, original_w)
-        if downsample > state.max_downsample:
+        if block_downsample(n_tokens, original_h, original_w) > state.max_downsample:
             return
-        w, h = -(-original_w // downsample), -(-original_h // downsample)
+        w, h = token_grid(n_tokens, state.latent_size)
         if w * h != n_tokens:
             return
         # tomesd: an odd batch cannot hold a prompt and its negative together, and a partition drawn
