@@ -6,6 +6,7 @@ import pytest
 import torch
 from tomesd.merge import bipartite_soft_matching_random2d as reference
 
+import tome.merge as merge_module
 from tome.merge import bipartite_soft_matching_random2d
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -71,3 +72,29 @@ def test_grids_that_crash_tomesd_merge_nothing(w, h, sx, sy):
 def test_missing_generator_is_a_clear_error_not_the_global_rng():
     with pytest.raises(ValueError, match="generator"):
         bipartite_soft_matching_random2d(torch.randn(1, 16, 4), 4, 4, 2, 2, 4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_case_id)
+@pytest.mark.parametrize("grid", [(65, 63), (33, 97)], ids=_case_id)
+@pytest.mark.parametrize("no_rand", [False, True])
+def test_blocked_scoring_equals_tomesd_bit_for_bit(monkeypatch, dtype, grid, no_rand):
+    """Small score blocks (a few rows each, the last one short) still give tomesd's merge exactly."""
+    monkeypatch.setattr(merge_module, "SCORE_BLOCK_BYTES", 7 * 4 * 1024)
+    (w, h), batch = grid, 3
+    metric, x = _inputs(dtype, batch, w, h, seed=11)
+    (merge, unmerge), (ref_merge, ref_unmerge) = _both(metric, w, h, 2, 2, w * h // 2, no_rand, seed=11)
+    assert torch.equal(merge(x), ref_merge(x))
+    assert torch.equal(unmerge(merge(x)), ref_unmerge(ref_merge(x)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_case_id)
+def test_best_destinations_blocks_large_products_and_keeps_every_score(dtype):
+    """At 96x96 tokens (a 768 px SD1.5 grid) the default block size splits the product; nothing changes."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(2, 6912, 64, generator=g).to(dtype)
+    b = torch.randn(2, 2304, 64, generator=g).to(dtype)
+    assert merge_module.SCORE_BLOCK_BYTES < a.shape[1] * b.shape[1] * 2 * a.element_size(), "must split"
+    best, index = merge_module.best_destinations(a, b)
+    expected_best, expected_index = (a @ b.transpose(-1, -2)).max(dim=-1)
+    assert torch.equal(best, expected_best)
+    assert torch.equal(index, expected_index)
