@@ -50,13 +50,19 @@ SCOPES = (SCOPE_SELF, SCOPE_CROSS, SCOPE_ALL)
 PLAN_KEY = "tome_plan"
 ATTN2_PLAN_KEY = "tome_attn2_plan"
 BLOCK_PLAN_KEY = "tome_block_plan"
+SIGMA_KEY = "tome_sigma"  # the block call's sigma as a float
 # The plan the next feed-forward merges around; each block's attn1 patch sets it, that block's ff clears it.
 _FEED_FORWARD_PLAN = contextvars.ContextVar("tome_feed_forward_plan", default=IDENTITY)
 
 
 def _current_sigma(extra_options) -> float | None:
-    sigmas = extra_options.get("sigmas")
-    return None if sigmas is None else float(sigmas.flatten()[0])
+    """The sampler's sigma for this block call, read from the tensor once per call and kept in
+    ``extra_options``: on a GPU each read waits for the queued work, and the window, the step counter and the
+    seed all need it."""
+    if SIGMA_KEY not in extra_options:
+        sigmas = extra_options.get("sigmas")
+        extra_options[SIGMA_KEY] = None if sigmas is None else float(sigmas.flatten()[0])
+    return extra_options[SIGMA_KEY]
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,17 @@ def test_unet_bench_variants_cut_the_same_tokens_and_plot(comfy_nodes, pack, tmp
         lengths[name] = [(c.queries, c.keys) for c in calls]
         assert out.shape == x.shape
     assert lengths["ours-qkv"] == lengths["ideal"] == lengths["self-ds1"]
+    for name, counted in (("none", False), ("ours-qkv", True), ("core", True)):
+        timed_model, spent = bench.with_patch_timer(models[name], torch.device("cpu"))
+        outputs = []
+        for m in (timed_model, models[name]):
+            torch.manual_seed(0)  # the core node draws from the global RNG
+            outputs.append(forward(m, x, 5.0, context))
+        assert torch.equal(*outputs), name
+        assert (spent[0] > 0) == counted, name
     rows = [{"family": "sd15", "px": 128, "ratio": None if name.startswith("todo") else 0.5, "dtype": "fp32",
              "attention": "test", "device": "cpu",
-             "variant": name, "seconds": 1.0, "speed-up": 1.0, "vs core": 1.0, "peak MiB": None,
+             "variant": name, "seconds": 1.0, "speed-up": 1.0, "vs core": 1.0, "peak MiB": None, "in patches": 0.1,
              "relative distance": 0.0} for name in models]
     bench.plot(rows, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 0

@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 from helpers import SAMPLER_STEPS, sample
 
@@ -43,6 +44,28 @@ def test_copies_start_with_an_empty_cache(pack):
     patch = make_patch(pack, 3)
     plans(patch, [10.0])
     assert patch.cache and not copy.deepcopy(patch).cache
+
+
+class CountingSigmas(torch.Tensor):
+    """A sigma tensor that counts how often its value is read (each read is a GPU sync on CUDA)."""
+
+    reads = 0
+
+    def flatten(self, *args, **kwargs):
+        CountingSigmas.reads += 1
+        return super().flatten(*args, **kwargs)
+
+
+@pytest.mark.parametrize("reuse_steps", [1, 3])
+def test_a_block_call_reads_the_sigma_once(pack, reuse_steps):
+    """The window, the step counter and the seed all need the sigma; the tensor is read once per call."""
+    CountingSigmas.reads = 0
+    sigmas = torch.tensor([5.0]).as_subclass(CountingSigmas)
+    n = torch.randn(1, 256, 8)
+    options = {"original_shape": [1, 4, 16, 16], "sigmas": sigmas, "block": ("input", 1)}
+    merged, _, _ = make_patch(pack, reuse_steps)(n, n, n, options)
+    assert merged.shape[1] == 128
+    assert CountingSigmas.reads == 1
 
 
 def test_ksampler_with_reuse_steps_is_finite_reproducible_and_differs(pack, comfy_nodes, sd15):
