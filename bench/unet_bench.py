@@ -12,7 +12,9 @@ Variants, run round-robin in one process (minimum of ``--repeats``):
   S-dsD        with ``--scope-grid``: Apply ToMe (q, k and v) with scope S (self, self+cross, all) at
                max_downsample D, for each D of ``--max-downsample``
 
-``--variants`` picks among the fixed ones (none is always run); at 1024 px a full set takes long.
+``--variants`` picks among the fixed ones (none is always run); at 1024 px a full set takes long. Besides the
+time of a whole forward, each row has the seconds spent inside the attention patch callbacks during the
+warm-up forward ("in patches"): the merge overhead itself.
 
     .venv/bin/python bench/unet_bench.py --family sd15 --px 512 768 --ratio 0.5 [--todo 2 3] [--sdpa] [--dtype bf16]
     .venv/bin/python bench/unet_bench.py --family sdxl --px 1024 --variants core --todo --scope-grid \
