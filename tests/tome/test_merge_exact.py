@@ -93,7 +93,8 @@ def test_best_destinations_blocks_large_products_and_keeps_every_score(dtype):
     g = torch.Generator().manual_seed(3)
     a = torch.randn(2, 6912, 64, generator=g).to(dtype)
     b = torch.randn(2, 2304, 64, generator=g).to(dtype)
-    assert merge_module.SCORE_BLOCK_BYTES < a.shape[1] * b.shape[1] * 2 * a.element_size(), "must split"
+    whole_product_bytes = a.shape[0] * a.shape[1] * b.shape[1] * a.element_size()
+    assert merge_module.SCORE_BLOCK_BYTES < whole_product_bytes, "must split"
     best, index = merge_module.best_destinations(a, b)
     expected_best, expected_index = (a @ b.transpose(-1, -2)).max(dim=-1)
     assert torch.equal(best, expected_best)
