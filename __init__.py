@@ -1,5 +1,12 @@
-"""ComfyUI node pack: Token Merging for Stable Diffusion (ToMe), paper-exact, on SD1.x, SD2.x and SDXL."""
+"""ComfyUI node pack: token merging (ToMe) and token downsampling (ToDo) for diffusion models.
 
-from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+Registration through ComfyUI's V3 entry point only: exporting ``NODE_CLASS_MAPPINGS`` beside it would make
+ComfyUI register V1 nodes instead. The nodes are imported when ComfyUI asks for them, so the package itself
+imports without ComfyUI (pytest collects it as the repository's root package).
+"""
 
-__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]
+
+async def comfy_entrypoint():
+    from .nodes import ToMeExtension
+
+    return ToMeExtension()

@@ -24,16 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tome.merge import IDENTITY, build_plan  # noqa: E402
+from tome.merge import IDENTITY, build_plan
+from tome_harness.comfyui import ROOT
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field")
 PATCH = 4

@@ -15,15 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tome.merge import build_plan  # noqa: E402
+from tome.merge import build_plan
 
 SIZES = [(4096, 320), (4096, 640), (16384, 320), (16384, 640)]  # (tokens, channels)
 RATIO = 0.5

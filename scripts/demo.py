@@ -14,12 +14,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tome_client  # a sibling command: scripts/ is this script's first path entry
 
-import comfyui_server  # noqa: E402
-import tome_client  # noqa: E402
-from comfyui_host import ROOT  # noqa: E402
-from make_checkpoint import DEFAULT_PATH  # noqa: E402
+from tome_harness import server as comfyui_server
+from tome_harness.checkpoint import DEFAULT_PATH
+from tome_harness.comfyui import ROOT
 
 
 def main() -> int:
@@ -33,7 +32,7 @@ def main() -> int:
 
     if args.ckpt is None:
         print("Preparing the random-weight SD1.5 checkpoint (once, about a minute) ...", flush=True)
-        made = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_checkpoint.py")],
+        made = subprocess.run([sys.executable, "-m", "tome_harness.checkpoint"],
                               capture_output=True, text=True)
         if made.returncode != 0:
             print(made.stdout + made.stderr, file=sys.stderr)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything on a fresh machine; safe to run again (it skips what is done).
-#  - .venv/ with the pinned requirements (torch 2.13.0, CPU build, from this machine's disk);
+#  - .venv/ with the pinned requirements (torch 2.13.0, CPU build, from this machine's disk), and this
+#    repository's tome/ and tome_harness/ packages installed in editable mode;
 #  - a ComfyUI 0.3.75 host in .comfyui/, unless COMFYUI_PATH names your own ComfyUI;
 #  - Debian's chromium, for the browser tests (Playwright drives it; it cannot download a browser here).
 set -euo pipefail
@@ -14,6 +15,10 @@ wanted=$(sha256sum requirements/dev.txt | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt 2> >(grep -v "^WARNING: Location" >&2)
     echo "$wanted" > "$stamp"
+fi
+# tome/ and the test harness (tome_harness/), importable from the venv: editable, so edits need no reinstall.
+if ! .venv/bin/python -c "import tome_harness" 2> /dev/null; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e . 2> >(grep -v "^WARNING: Location" >&2)
 fi
 
 if [ -n "${COMFYUI_PATH:-}" ]; then

@@ -115,7 +115,7 @@ def server_address(server: str | None):
     if server:
         yield server
         return
-    import comfyui_server
+    from tome_harness import server as comfyui_server
 
     with tempfile.TemporaryDirectory() as workdir:
         with comfyui_server.running_server(Path(workdir), Path(workdir) / "checkpoints") as url:

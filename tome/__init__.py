@@ -1,9 +1,9 @@
 """Token merging for Stable Diffusion, in pure PyTorch (no ComfyUI import)."""
 
 from .downsample import downsample_tokens
+from .hosts.hooks import apply_patch, remove_patch
 from .merge import IDENTITY, MergePlan, bipartite_soft_matching_random2d, build_plan
 from .partition import Partition, draw_partition
-from .patch import apply_patch, remove_patch
 
 __all__ = [
     "IDENTITY",

@@ -43,6 +43,24 @@ def token_grid(n_tokens: int, original_shape: Sequence[int],
     return math.ceil(original_w / downsample), math.ceil(original_h / downsample)
 
 
+def block_grid(n_tokens: int, original_shape: Sequence[int], max_downsample: int,
+               activations_shape: Sequence[int] | None = None) -> tuple[int, int] | None:
+    """The one rule of every host for whether a block call is reduced, and on which grid.
+
+    ``(w, h)`` of the block's token grid when its downsample factor is at most
+    ``max_downsample`` and the grid really holds its ``n_tokens`` tokens;
+    ``None`` otherwise: deeper blocks, and token counts no level of the latent
+    ``original_shape [B, C, H, W]`` tiles (a block fed other tokens), are left
+    alone rather than merged on a wrong grid.
+    """
+    original_h, original_w = original_shape[-2:]
+    downsample = block_downsample(n_tokens, original_h, original_w)
+    if not 1 <= downsample <= max_downsample:
+        return None
+    w, h = token_grid(n_tokens, original_shape, activations_shape)
+    return (w, h) if w * h == n_tokens else None
+
+
 def derive_seed(seed: int, sigma: float, block: Sequence, block_index: int) -> int:
     """A 64-bit seed for one block call, from the user's seed and the call's identity.
 

@@ -3,12 +3,18 @@
 Neither ComfyUI nor diffusers is imported: LDM-style U-Nets (ComfyUI's,
 Stability's ``sgm`` and CompVis' ``ldm``) and diffusers' ``UNet2DConditionModel``
 are recognised by the names of their parts, so ``tome/`` serves both without
-depending on either.
+depending on either. A name matches anywhere in a module's class hierarchy
+(``is_a``), so subclasses that other packs make of those parts still count.
 """
 
 from __future__ import annotations
 
 from torch import nn
+
+
+def is_a(module: nn.Module, class_name: str) -> bool:
+    """Whether ``module``'s class, or any class it derives from, is named ``class_name``."""
+    return any(cls.__name__ == class_name for cls in type(module).__mro__)
 
 
 def ldm_transformer_downsamples(unet: nn.Module) -> list[int]:
@@ -21,10 +27,9 @@ def ldm_transformer_downsamples(unet: nn.Module) -> list[int]:
     downsample = 1
     for block in getattr(unet, "input_blocks", ()):
         for layer in block:
-            kind = type(layer).__name__
-            if kind == "Downsample":
+            if is_a(layer, "Downsample"):
                 downsample *= 2
-            elif kind == "SpatialTransformer":
+            elif is_a(layer, "SpatialTransformer"):
                 levels.add(downsample)
     return sorted(levels)
 

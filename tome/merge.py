@@ -126,21 +126,34 @@ IDENTITY = IdentityPlan()
 # Only each source's best score is kept from the (N - N_dst) x N_dst similarity matrix (400 MB for a batch of 2
 # at 1024 px, SD1.5). On CPU it is made in blocks of source rows of about this many bytes, so each block is
 # still in cache when its maximum is taken. On the 2-core reference machine the product and its maxima got 1.3x
-# to 1.8x faster at 768 and 1024 px token counts (the whole plan at 16384 tokens: 195 -> 154 ms,
-# bench/merge_bench.py --pieces), with far less memory and the same scores bit for bit (each is the same dot
-# product; tested). Other devices take the whole product at once.
+# to 1.8x faster at 768 and 1024 px token counts (bench/merge_bench.py --pieces), with far less memory. Other
+# devices take the whole product at once.
 SCORE_BLOCK_BYTES = 8 * 2**20
+# The scores must be tomesd's bit for bit, and MKL computes a product of very few rows (a 1-row block, a short
+# last block) with another kernel that rounds differently. Blocks are never shorter than this, the remainder
+# joins the last block, and a product of fewer rows is taken whole (tested against the whole product).
+MIN_BLOCK_ROWS = 64
+
+
+def row_blocks(rows: int, block: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive blocks covering ``rows``: ``block`` rows each (at least
+    ``MIN_BLOCK_ROWS``), the last one taking the remainder."""
+    block = max(block, MIN_BLOCK_ROWS)
+    starts = list(range(0, rows, block))
+    if len(starts) > 1 and rows - starts[-1] < block:
+        starts.pop()
+    return [(start, stop) for start, stop in zip(starts, [*starts[1:], rows], strict=True)]
 
 
 def best_destinations(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """For each row of ``a [B, Na, C]``: the highest dot product with a row of ``b [B, Nb, C]`` and its index."""
     b_t = b.transpose(-1, -2)
     batch, rows, _ = a.shape
-    block = max(1, SCORE_BLOCK_BYTES // (batch * b.shape[1] * a.element_size()))
-    if a.device.type != "cpu" or block >= rows:
+    blocks = row_blocks(rows, SCORE_BLOCK_BYTES // (batch * b.shape[1] * a.element_size()))
+    if a.device.type != "cpu" or len(blocks) == 1:
         return (a @ b_t).max(dim=-1)
-    blocks = [(a[:, start:start + block] @ b_t).max(dim=-1) for start in range(0, rows, block)]
-    return torch.cat([best for best, _ in blocks], dim=1), torch.cat([index for _, index in blocks], dim=1)
+    best = [(a[:, start:stop] @ b_t).max(dim=-1) for start, stop in blocks]
+    return torch.cat([score for score, _ in best], dim=1), torch.cat([index for _, index in best], dim=1)
 
 
 def match(metric: torch.Tensor, partition: Partition, r: int) -> MergePlan:

@@ -1,8 +1,9 @@
 """In-process ComfyUI: the real ``comfy`` package on the CPU, with this pack loaded as ComfyUI loads it."""
 
-import comfyui_host
 import pytest
-import random_models
+
+from tome_harness import comfyui as comfyui_host
+from tome_harness import random_models
 
 
 def pytest_collection_modifyitems(items):
@@ -22,7 +23,10 @@ def pack(comfy_nodes):
 
     class Pack:
         nodes = comfyui_host.pack_module("nodes")
-        attn_patch = comfyui_host.pack_module("attn_patch")
+        comfyui = comfyui_host.pack_module("tome.hosts.comfyui")
+        unet = comfyui_host.pack_module("tome.hosts.comfyui_unet")
+        dit = comfyui_host.pack_module("tome.hosts.comfyui_dit")
+        models = comfyui_host.pack_module("tome.hosts.comfyui_models")
         grid = comfyui_host.pack_module("tome.grid")
 
     return Pack

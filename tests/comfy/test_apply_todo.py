@@ -19,7 +19,7 @@ from helpers import (
 @pytest.mark.parametrize("factor", [2, 3])
 @pytest.mark.parametrize("method", ["nearest", "average", "max"])
 def test_sd15_keeps_queries_and_pools_keys_at_full_resolution(pack, sd15, factor, method):
-    patched = pack.nodes.apply_todo(sd15, factor, "auto", method)
+    patched = pack.unet.apply_todo(model=sd15, downsample_factor=factor, method=method)
     with self_attention_calls(patched) as calls:
         out = forward(patched, random_latent(2, 30, 26), 5.0, random_context(2))
     assert torch.isfinite(out).all()
@@ -32,7 +32,7 @@ def test_sd15_keeps_queries_and_pools_keys_at_full_resolution(pack, sd15, factor
 
 @pytest.mark.parametrize(("max_downsample", "levels"), [("auto", {2}), ("4", {2, 4})])
 def test_sdxl_pools_at_its_highest_resolution_transformer_level(pack, sdxl, max_downsample, levels):
-    patched = pack.nodes.apply_todo(sdxl, 2, max_downsample)
+    patched = pack.unet.apply_todo(model=sdxl, downsample_factor=2, max_downsample=max_downsample)
     with self_attention_calls(patched) as calls:
         forward(patched, random_latent(1, 32, 32), 5.0, random_context(1), **sdxl_conds(1))
     pooled_levels = set()
@@ -45,7 +45,7 @@ def test_sdxl_pools_at_its_highest_resolution_transformer_level(pack, sdxl, max_
 
 
 def test_pooling_happens_only_inside_the_window(pack, sd15):
-    patched = pack.nodes.apply_todo(sd15, 2, "auto", "nearest", 0.5, 1.0)
+    patched = pack.unet.apply_todo(model=sd15, downsample_factor=2, start_percent=0.5, end_percent=1.0)
     sigma_start = sd15.get_model_object("model_sampling").percent_to_sigma(0.5)
     for sigma, keys in ((sigma_start * 2, 256), (sigma_start / 2, 64)):
         with self_attention_calls(patched) as calls:
@@ -57,9 +57,9 @@ def test_pooling_happens_only_inside_the_window(pack, sd15):
 def test_with_apply_tome_queries_are_merged_and_keys_pooled_in_either_order(pack, sd15, tome_first):
     """Documented result: ToDo pools the grid-shaped keys and values, ToMe merges the queries."""
     if tome_first:
-        patched = pack.nodes.apply_todo(pack.nodes.apply_tome(sd15, 0.5, 2, 2, "auto"), 2, "auto")
+        patched = pack.unet.apply_todo(model=pack.unet.apply_tome(model=sd15, ratio=0.5), downsample_factor=2)
     else:
-        patched = pack.nodes.apply_tome(pack.nodes.apply_todo(sd15, 2, "auto"), 0.5, 2, 2, "auto")
+        patched = pack.unet.apply_tome(model=pack.unet.apply_todo(model=sd15, downsample_factor=2), ratio=0.5)
     with self_attention_calls(patched) as calls:
         out = forward(patched, random_latent(1, 16, 16), 5.0, random_context(1))
     assert out.shape == (1, 4, 16, 16) and torch.isfinite(out).all()
@@ -68,10 +68,10 @@ def test_with_apply_tome_queries_are_merged_and_keys_pooled_in_either_order(pack
 
 
 def test_factor_one_turns_an_earlier_todo_off_and_a_second_node_replaces_the_first(pack, sd15):
-    assert pack.nodes.apply_todo(sd15, 1, "auto") is sd15
-    twice = pack.nodes.apply_todo(pack.nodes.apply_todo(sd15, 3, "auto"), 2, "auto")
+    assert pack.unet.apply_todo(model=sd15, downsample_factor=1) is sd15
+    twice = pack.unet.apply_todo(model=pack.unet.apply_todo(model=sd15, downsample_factor=3), downsample_factor=2)
     assert len(twice.model_options["transformer_options"]["patches"]["attn1_patch"]) == 1
-    off = pack.nodes.apply_todo(twice, 1, "auto")
+    off = pack.unet.apply_todo(model=twice, downsample_factor=1)
     with self_attention_calls(off) as calls:
         forward(off, random_latent(1, 16, 16), 5.0, random_context(1))
     assert all(c.queries == c.keys for c in calls)
@@ -79,7 +79,7 @@ def test_factor_one_turns_an_earlier_todo_off_and_a_second_node_replaces_the_fir
 
 
 def test_a_factor_larger_than_the_grid_skips_the_block_with_a_warning(pack, sd15, caplog):
-    patched = pack.nodes.apply_todo(sd15, 8, "auto")
+    patched = pack.unet.apply_todo(model=sd15, downsample_factor=8)
     with caplog.at_level(logging.WARNING), self_attention_calls(patched) as calls:
         out = forward(patched, random_latent(1, 6, 6), 5.0, random_context(1))
     assert torch.isfinite(out).all() and all(c.queries == c.keys for c in calls)
@@ -88,4 +88,13 @@ def test_a_factor_larger_than_the_grid_skips_the_block_with_a_warning(pack, sd15
 
 def test_start_after_end_is_rejected(pack, sd15):
     with pytest.raises(ValueError, match=r"start_percent \(0.8\) must not be greater than end_percent \(0.2\)"):
-        pack.nodes.apply_todo(sd15, 2, "auto", "nearest", 0.8, 0.2)
+        pack.unet.apply_todo(model=sd15, downsample_factor=2, start_percent=0.8, end_percent=0.2)
+
+
+@pytest.mark.parametrize(("inputs", "message"), [
+    ({"downsample_factor": 9}, "downsample_factor must be between 1 and 8, not 9"),
+    ({"method": "median"}, "method must be one of nearest, average, max, not 'median'"),
+])
+def test_bad_input_is_an_error_naming_it(pack, sd15, inputs, message):
+    with pytest.raises(ValueError, match=message):
+        pack.unet.apply_todo(sd15, **{"downsample_factor": 2, **inputs})

@@ -1,10 +1,10 @@
 """``tome.apply_patch`` on an LDM-layout U-Net: ComfyUI's own (random weights), found by class name."""
 
-import random_models
 import torch
 from helpers import forward, random_context, random_latent, self_attention_calls
 
 import tome
+from tome_harness import random_models
 
 
 def test_apply_patch_merges_an_ldm_unet_and_remove_patch_restores_it(comfy_nodes):

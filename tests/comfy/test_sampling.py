@@ -1,12 +1,14 @@
 """Apply ToMe through ComfyUI's real sampling path: KSampler, the step window, LoRA, ControlNet."""
 
-import random_models
 import torch
 from helpers import conditioning, sample, sd15_level, self_attention_calls
 
+from tome_harness import random_models
+
 
 def test_ksampler_output_is_finite_reproducible_and_changed_by_tome(pack, comfy_nodes, sd15):
-    patched = pack.nodes.ApplyToMe().patch(sd15, 0.5, 2, 2, "auto")[0]
+    patched = pack.nodes.ApplyToMe.execute(model=sd15, ratio=0.5, stride_x=2, stride_y=2,
+                                           max_downsample="auto").result[0]
     first = sample(comfy_nodes, patched)
     assert torch.isfinite(first).all()
     assert torch.equal(first, sample(comfy_nodes, patched))
@@ -14,7 +16,9 @@ def test_ksampler_output_is_finite_reproducible_and_changed_by_tome(pack, comfy_
 
 
 def test_merging_happens_only_inside_the_step_window(pack, comfy_nodes, sd15):
-    patched = pack.nodes.ApplyToMeAdvanced().patch(sd15, 0.5, 2, 2, "auto", 0, True, "q, k and v", 0.5, 1.0)[0]
+    patched = pack.nodes.ApplyToMeAdvanced.execute(model=sd15, ratio=0.5, stride_x=2, stride_y=2, max_downsample="auto",
+                                                   seed=0, use_rand=True, merge="q, k and v", start_percent=0.5,
+                                                   end_percent=1.0).result[0]
     sigma_start = sd15.get_model_object("model_sampling").percent_to_sigma(0.5)
     with self_attention_calls(patched) as calls:
         sample(comfy_nodes, patched)
@@ -42,9 +46,8 @@ def test_lora_keeps_working_before_and_after_tome(pack, comfy_nodes, sd15):
     import comfy.sd
 
     lora = _random_lora(sd15)
-    tome_only = pack.nodes.apply_tome(sd15, 0.5, 2, 2, "auto")
-    lora_then_tome = pack.nodes.apply_tome(comfy.sd.load_lora_for_models(sd15, None, lora, 1.0, 0)[0],
-                                           0.5, 2, 2, "auto")
+    tome_only = pack.unet.apply_tome(model=sd15, ratio=0.5)
+    lora_then_tome = pack.unet.apply_tome(model=comfy.sd.load_lora_for_models(sd15, None, lora, 1.0, 0)[0], ratio=0.5)
     tome_then_lora = comfy.sd.load_lora_for_models(tome_only, None, lora, 1.0, 0)[0]
     assert len(tome_then_lora.patches) == len(lora_then_tome.patches) == 9  # every LoRA key found
 
@@ -60,7 +63,7 @@ def test_controlnet_keeps_working_with_tome(pack, comfy_nodes, sd15):
     hint = torch.rand(1, 128, 128, 3, generator=torch.Generator().manual_seed(9))  # 8x the 16x16 latent
     controlled = comfy_nodes.ControlNetApplyAdvanced().apply_controlnet(*conditioning(), control_net, hint,
                                                                         1.0, 0.0, 1.0)
-    patched = pack.nodes.apply_tome(sd15, 0.5, 2, 2, "auto")
+    patched = pack.unet.apply_tome(model=sd15, ratio=0.5)
 
     with self_attention_calls(patched) as calls:
         with_control = sample(comfy_nodes, patched, positive_negative=controlled)

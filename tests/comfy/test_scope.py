@@ -19,8 +19,10 @@ SELF, CROSS, ALL = "self-attention", "self- and cross-attention", "self-attentio
 
 
 def advanced(pack, model, scope, max_downsample="auto", ratio=0.5, use_rand=True):
-    return pack.nodes.ApplyToMeAdvanced().patch(model, ratio, 2, 2, max_downsample, 0, use_rand, "q, k and v",
-                                                0.0, 1.0, scope)[0]
+    return pack.nodes.ApplyToMeAdvanced.execute(model=model, ratio=ratio, stride_x=2, stride_y=2,
+                                                max_downsample=max_downsample, seed=0, use_rand=use_rand,
+                                                merge="q, k and v", start_percent=0.0, end_percent=1.0,
+                                                scope=scope).result[0]
 
 
 def counts_by_module(model, x, context, **conds):
@@ -92,7 +94,7 @@ def test_input_model_stays_untouched_and_ratio_zero_removes_the_mlp_swap(pack, c
     assert torch.equal(forward(sd15, x, 5.0, context), before)
 
     off = advanced(pack, patched, ALL, ratio=0.0)
-    assert not off.object_patches and not pack.nodes.has_patches(off, pack.attn_patch.TOME_PATCH_TYPES)
+    assert not off.object_patches and not pack.comfyui.has_patches(off, pack.unet.TOME_PATCH_TYPES)
     assert len(patched.object_patches) == 16  # one feed-forward per transformer block
 
 

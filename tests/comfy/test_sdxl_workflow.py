@@ -12,10 +12,11 @@ import gc
 import json
 
 import pytest
-import random_models
 import torch
-from comfyui_host import ROOT
 from helpers import self_attention_calls
+
+from tome_harness import random_models
+from tome_harness.comfyui import ROOT
 
 WORKFLOW = json.loads((ROOT / "workflows" / "api" / "sdxl_tome.json").read_text())
 
@@ -35,7 +36,7 @@ def sdxl_full(comfy_nodes):
 
 
 def test_sdxl_workflow_samples_with_tome_on_the_full_size_sdxl_unet(pack, comfy_nodes, sdxl_full):
-    (patched,) = pack.nodes.ApplyToMe().patch(sdxl_full, **node_inputs("ApplyToMe"))
+    (patched,) = pack.nodes.ApplyToMe.execute(model=sdxl_full, **node_inputs("ApplyToMe")).result
     (latent,) = comfy_nodes.EmptyLatentImage().generate(**dict(node_inputs("EmptyLatentImage"), width=64, height=64))
     generator = torch.Generator().manual_seed(0)
     context = torch.randn(1, 77, 2048, generator=generator)

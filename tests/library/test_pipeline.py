@@ -5,9 +5,9 @@ Nothing is downloaded: the CLIP tokenizer files are the ones ComfyUI ships.
 
 import pytest
 import torch
-from comfyui_host import comfyui_path
 
 import tome
+from tome_harness.comfyui import comfyui_path
 
 diffusers = pytest.importorskip("diffusers", reason="diffusers is a test dependency: run scripts/setup.sh")
 transformers = pytest.importorskip("transformers")

@@ -3,9 +3,10 @@
 import subprocess
 import sys
 
-import comfyui_server
 import pytest
-from comfyui_host import ROOT
+
+from tome_harness import server as comfyui_server
+from tome_harness.comfyui import ROOT
 
 CHECKPOINTS = ROOT / ".cache" / "checkpoints"
 CHECKPOINT = "tome-random-sd15.safetensors"
@@ -20,7 +21,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def checkpoint():
     """Written once into the git-ignored cache (about 40 s), then reused."""
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_checkpoint.py"), str(CHECKPOINTS / CHECKPOINT)],
+    subprocess.run([sys.executable, "-m", "tome_harness.checkpoint", str(CHECKPOINTS / CHECKPOINT)],
                    check=True, stdout=subprocess.DEVNULL)
     return CHECKPOINT
 

@@ -1,12 +1,14 @@
 """The pack on a real ComfyUI server: registration, every API workflow through the client, bad input."""
 
+import importlib.util
 import json
 import urllib.request
 
 import pytest
 import tome_client
 import ui_workflows
-from comfyui_host import ROOT
+
+from tome_harness.comfyui import ROOT
 
 WORKFLOWS = ROOT / "workflows" / "api"
 SD15_WORKFLOWS = sorted(p.name for p in WORKFLOWS.glob("sd15_*.json"))
@@ -31,7 +33,8 @@ NODE_INPUTS = {
     "ApplyToMe": TOME_INPUTS,
     "ApplyToMeAdvanced": TOME_INPUTS | {"seed", "use_rand", "merge", "start_percent", "end_percent", "scope",
                                         "reuse_steps"},
-    "ApplyToDo": {"model", "downsample_factor", "max_downsample", "method", "start_percent", "end_percent"},
+    "ApplyToDo": {"model", "downsample_factor", "max_downsample", "method", "start_percent", "end_percent",
+                  "time_factor"},
 }
 
 
@@ -86,9 +89,32 @@ def test_a_failing_execution_is_reported(server, tmp_path, capsys):
 
 
 def test_an_unreachable_server_is_reported(tmp_path, capsys):
-    import comfyui_server
+    from tome_harness import server as comfyui_server
 
     url = f"http://127.0.0.1:{comfyui_server.free_port()}"
     assert tome_client.main([str(WORKFLOWS / "sd15_tome.json"), "--server", url, "--out", str(tmp_path)]) == \
         tome_client.EXIT_UNREACHABLE
     assert "cannot reach ComfyUI" in capsys.readouterr().err
+
+
+def test_an_api_graph_saved_before_the_optional_inputs_existed_still_runs(server, tmp_path, capsys):
+    """Apply ToMe (Advanced) with its required inputs only (no scope, no reuse_steps), as graphs saved with
+    the V1 nodes were: the V3 nodes validate and run it."""
+    graph = json.loads((WORKFLOWS / "sd15_tome.json").read_text())
+    graph["2"] = {"class_type": "ApplyToMeAdvanced", "inputs": {
+        **graph["2"]["inputs"], "seed": 0, "use_rand": True, "merge": "q, k and v",
+        "start_percent": 0.0, "end_percent": 1.0}}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(graph))
+    assert tome_client.main([str(path), "--server", server, "--out", str(tmp_path), *SMALL]) == 0, \
+        capsys.readouterr().err
+
+
+def test_the_pack_registers_through_the_v3_entry_point_only():
+    """A module exporting NODE_CLASS_MAPPINGS beside comfy_entrypoint would get its V1 nodes registered."""
+    spec = importlib.util.spec_from_file_location("tome_pack_root", ROOT / "__init__.py",
+                                                  submodule_search_locations=[str(ROOT)])
+    package = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(package)
+    assert callable(package.comfy_entrypoint)
+    assert not hasattr(package, "NODE_CLASS_MAPPINGS") and not hasattr(package, "NODE_DISPLAY_NAME_MAPPINGS")

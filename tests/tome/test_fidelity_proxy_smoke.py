@@ -2,7 +2,7 @@
 
 import importlib.util
 
-from comfyui_host import ROOT
+from tome_harness.comfyui import ROOT
 
 
 def test_fidelity_proxy_runs_and_pruning_loses_more_than_merging():

@@ -78,13 +78,21 @@ def test_missing_generator_is_a_clear_error_not_the_global_rng():
 @pytest.mark.parametrize("grid", [(65, 63), (33, 97)], ids=_case_id)
 @pytest.mark.parametrize("no_rand", [False, True])
 def test_blocked_scoring_equals_tomesd_bit_for_bit(monkeypatch, dtype, grid, no_rand):
-    """Small score blocks (a few rows each, the last one short) still give tomesd's merge exactly."""
+    """The shortest score blocks allowed (the last one longer) still give tomesd's merge exactly."""
     monkeypatch.setattr(merge_module, "SCORE_BLOCK_BYTES", 7 * 4 * 1024)
     (w, h), batch = grid, 3
     metric, x = _inputs(dtype, batch, w, h, seed=11)
     (merge, unmerge), (ref_merge, ref_unmerge) = _both(metric, w, h, 2, 2, w * h // 2, no_rand, seed=11)
     assert torch.equal(merge(x), ref_merge(x))
     assert torch.equal(unmerge(merge(x)), ref_unmerge(ref_merge(x)))
+
+
+@pytest.mark.parametrize(("rows", "block", "blocks"), [
+    (10, 1, [(0, 10)]), (130, 7, [(0, 64), (64, 130)]), (200, 100, [(0, 100), (100, 200)]),
+    (250, 100, [(0, 100), (100, 250)]), (300, 100, [(0, 100), (100, 200), (200, 300)]),
+])
+def test_row_blocks_are_never_shorter_than_the_minimum(rows, block, blocks):
+    assert merge_module.row_blocks(rows, block) == blocks
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_case_id)

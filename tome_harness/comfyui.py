@@ -2,7 +2,7 @@
 
 The host is ``COMFYUI_PATH`` when set, else ``.comfyui/`` in the repository
 (provisioned by ``scripts/setup.sh``). Where torchvision is not installed, the
-stand-in of ``scripts/host_shims`` goes on the path (see its docstring).
+stand-in of ``tome_harness/host_shims`` goes on the path (see its docstring).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIMS = ROOT / "scripts" / "host_shims"
+SHIMS = Path(__file__).resolve().parent / "host_shims"
 PACK_NAME = "comfyui-tome"  # the folder name ComfyUI loads the pack under in tests
 
 
@@ -73,5 +73,5 @@ _pack_module_name = None
 
 
 def pack_module(name: str):
-    """A module of the pack as ComfyUI loaded it (``nodes``, ``attn_patch``, ...)."""
+    """A module of the pack as ComfyUI loaded it (``nodes``, ``tome.hosts.comfyui_unet``, ...)."""
     return importlib.import_module(f"{_pack_module_name}.{name}")

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .grid import block_downsample, token_grid
-from .levels import transformer_downsamples
-from .merge import IDENTITY, build_plan
+from ..grid import block_grid
+from ..levels import is_a, transformer_downsamples
+from ..merge import IDENTITY, build_plan
 
 DOWNSAMPLES = (1, 2, 4, 8)
 
@@ -73,7 +73,7 @@ def _diffusion_model(model: nn.Module) -> nn.Module:
 
 
 def _transformer_blocks(unet: nn.Module) -> list[nn.Module]:
-    return [m for m in unet.modules() if type(m).__name__ == "BasicTransformerBlock"]
+    return [m for m in unet.modules() if is_a(m, "BasicTransformerBlock")]
 
 
 def _validate(unet, ratio, max_downsample, sx, sy, blocks) -> int:
@@ -111,13 +111,11 @@ def _plan_block(state: _ToMeState):
         block._tome_plan = IDENTITY
         if state.latent_size is None:
             return
-        original_h, original_w = state.latent_size
         n_tokens = x.shape[1]
-        if block_downsample(n_tokens, original_h, original_w) > state.max_downsample:
+        grid = block_grid(n_tokens, state.latent_size, state.max_downsample)
+        if grid is None:
             return
-        w, h = token_grid(n_tokens, state.latent_size)
-        if w * h != n_tokens:
-            return
+        w, h = grid
         # tomesd: an odd batch cannot hold a prompt and its negative together, and a partition drawn
         # for each separately leaves artifacts, so the draw is switched off there.
         use_rand = state.use_rand and x.shape[0] % 2 == 0

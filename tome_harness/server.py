@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import comfyui_host
+from . import comfyui as comfyui_host
 
 
 def free_port() -> int:

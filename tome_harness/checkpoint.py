@@ -5,7 +5,7 @@ every weight. The images it makes are noise, but every layer has its real
 shape, so its speed is the real model's speed. Written once into
 ``.cache/checkpoints/`` and reused:
 
-    .venv/bin/python scripts/make_checkpoint.py [path]
+    .venv/bin/python -m tome_harness.checkpoint [path]
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from . import comfyui as comfyui_host
+from . import random_models
+from .comfyui import ROOT
 
-import comfyui_host  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PATH = ROOT / ".cache" / "checkpoints" / "tome-random-sd15.safetensors"
 
 
@@ -31,7 +30,6 @@ VAE_DDCONFIG = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channe
 
 def build_state_dict() -> dict[str, torch.Tensor]:
     import comfy.sd
-    import random_models
     from comfy.ldm.models.autoencoder import AutoencoderKL
 
     model = random_models.build_unet_model("sd15")

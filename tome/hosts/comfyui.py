@@ -1,0 +1,159 @@
+"""ComfyUI's calling conventions, shared by the U-Net and the DiT adapters.
+
+Nothing here imports ComfyUI: a ``ModelPatcher`` is used through the methods
+every ComfyUI since 0.3.40 has (``clone``, ``model_options``,
+``get_model_object``, ``get_wrappers``, ``add_wrapper_with_key``), and ComfyUI's names for patch
+lists and wrappers are written out as the strings they are.
+
+Patch objects are shared. Since February 2026 ``ModelPatcher.clone()`` copies
+the dicts and lists of ``model_options`` but not the objects in them, so a
+model, its clones and the MultiGPU copies made from them all call the same
+patch objects, cond and uncond possibly at the same time from worker threads.
+The pack's patch objects therefore hold only their frozen settings. What one
+sampling run needs to remember (``reuse_steps``'s plans) lives in that run's
+own ``transformer_options``: a ``PlanCache`` put there by a keyed
+``OUTER_SAMPLE`` wrapper, which ComfyUI calls once per run on a copy of the
+model options made for that run. It ends with the run, on every host, so no
+``cleanup()`` has anything to clear, and no other clone or thread can see it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from ..grid import block_grid
+
+log = logging.getLogger(__name__)
+
+PATCH_LISTS = ("attn1_patch", "attn1_output_patch", "attn2_patch", "attn2_output_patch")
+OUTER_SAMPLE = "outer_sample"  # comfy.patcher_extension.WrappersMP.OUTER_SAMPLE
+WRAPPER_KEY = "tome"  # our key for wrappers, so a second node replaces the first instead of stacking
+RUN_KEY = "tome_run"  # in a sampling run's transformer_options: that run's PlanCache
+SIGMA_KEY = "tome_sigma"  # in a block call's extra_options: its sigma as a float
+
+
+def current_sigma(extra_options) -> float | None:
+    """The sampler's sigma for this call, read from the tensor once per call and kept in ``extra_options``:
+    on a GPU each read waits for the queued work, and the window, the step and the seed all need it."""
+    if SIGMA_KEY not in extra_options:
+        sigmas = extra_options.get("sigmas")
+        extra_options[SIGMA_KEY] = None if sigmas is None else float(sigmas.flatten()[0])
+    return extra_options[SIGMA_KEY]
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Where and when a patch acts: blocks at ``max_downsample`` or finer, while the sampler's sigma lies in
+    ``[sigma_end, sigma_start]``."""
+
+    max_downsample: int
+    sigma_start: float = math.inf
+    sigma_end: float = 0.0
+
+    def in_window(self, extra_options) -> bool:
+        sigma = current_sigma(extra_options)
+        return sigma is None or self.sigma_end <= sigma <= self.sigma_start
+
+    def grid(self, n_tokens: int, extra_options) -> tuple[int, int] | None:
+        """``(w, h)`` of this U-Net block call's token grid when the patch acts on it, else ``None``."""
+        original_shape = extra_options.get("original_shape")
+        if original_shape is None or not self.in_window(extra_options):
+            return None
+        return block_grid(n_tokens, original_shape, self.max_downsample, extra_options.get("activations_shape"))
+
+
+def check_choice(name: str, value, choices) -> None:
+    """A clear error naming the input when ``value`` is not one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}, not {value!r}")
+
+
+def check_range(name: str, value, low, high) -> None:
+    """A clear error naming the input and its range when ``value`` lies outside ``[low, high]``."""
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}, not {value!r}")
+
+
+def sigma_window(model, start_percent: float, end_percent: float) -> tuple[float, float]:
+    """The sigmas bounding the sampling window ``[start_percent, end_percent]``, from the model's own schedule."""
+    if start_percent > end_percent:
+        raise ValueError(f"start_percent ({start_percent}) must not be greater than end_percent ({end_percent})")
+    if start_percent <= 0.0 and end_percent >= 1.0:
+        return math.inf, 0.0
+    sampling = model.get_model_object("model_sampling")
+    return sampling.percent_to_sigma(start_percent), sampling.percent_to_sigma(end_percent)
+
+
+class PlanCache:
+    """The merge plans of one sampling run, each kept for ``reuse_steps`` steps.
+
+    Keyed by what identifies one batch of one block call (the caller's key);
+    a step is the position of the call's sigma in the run's schedule
+    (``sample_sigmas``). cond and uncond may run in two threads at once, so
+    every access holds the lock; a plan is made outside it (two threads with
+    the same key would make the same plan).
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._plans: dict[Hashable, tuple[int, object]] = {}
+        self._schedule: list[float] | None = None
+
+    def step(self, extra_options) -> int | None:
+        """This call's step: how many of the run's schedule sigmas lie above its sigma."""
+        sigma = current_sigma(extra_options)
+        schedule = extra_options.get("sample_sigmas")
+        if sigma is None or schedule is None:
+            return None
+        with self._lock:
+            if self._schedule is None:  # one read of the schedule per run: each read is a sync on a GPU
+                self._schedule = [float(s) for s in schedule.flatten()]
+            return sum(s > sigma for s in self._schedule)
+
+    def plan(self, key: Hashable, extra_options, reuse_steps: int, make: Callable[[], object]):
+        """The plan kept under ``key`` if it was made fewer than ``reuse_steps`` steps ago, else a new one."""
+        step = self.step(extra_options)
+        if step is None:
+            return make()
+        with self._lock:
+            made, plan = self._plans.get(key, (None, None))
+        if made is not None and 0 <= step - made < reuse_steps:
+            return plan
+        plan = make()
+        with self._lock:
+            self._plans[key] = (step, plan)
+        return plan
+
+
+def start_run(executor, *args, **kwargs):
+    """A keyed ``OUTER_SAMPLE`` wrapper: give the sampling run a fresh ``PlanCache``.
+
+    ``executor.class_obj`` is the guider, whose ``model_options`` are, for the
+    length of the run, a copy made for this run alone: the cache goes there,
+    reaches every block call through ``transformer_options``, and is dropped
+    with the copy when the run ends.
+    """
+    executor.class_obj.model_options.setdefault("transformer_options", {})[RUN_KEY] = PlanCache()
+    return executor(*args, **kwargs)
+
+
+def wants_run_cache(model) -> None:
+    """Register ``start_run`` on ``model`` (once, under our key)."""
+    if start_run not in model.get_wrappers(OUTER_SAMPLE, WRAPPER_KEY):
+        model.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY, start_run)
+
+
+def without_patches(patches: dict, types: tuple) -> None:
+    """Drop an earlier node's patches of ``types``, so a second node of the same kind replaces the first."""
+    for name in PATCH_LISTS:
+        if name in patches:
+            patches[name] = [p for p in patches[name] if not isinstance(p, types)]
+
+
+def has_patches(model, types: tuple) -> bool:
+    patches = model.model_options["transformer_options"].get("patches", {})
+    return any(isinstance(p, types) for name in PATCH_LISTS for p in patches.get(name, ()))

@@ -1,0 +1,53 @@
+"""Which adapter a ComfyUI model goes to: the DiT families to ``comfyui_dit``, everything else to
+``comfyui_unet`` (which acts on U-Nets with transformer blocks and warns, naming the model, on anything else).
+
+The nodes call these two functions with all their inputs; inputs that have no meaning for the model at hand
+are ignored there, with a warning when they were changed from their defaults, so nothing silently does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..downsample import NEAREST
+from . import comfyui_dit, comfyui_unet
+from .comfyui_unet import MERGE_QKV, SCOPE_SELF
+
+log = logging.getLogger(__name__)
+
+
+def warn_ignored(node: str, model, inputs: dict[str, tuple[object, object]]) -> None:
+    """Warn about the inputs (``name: (value, default)``) that were changed but mean nothing for ``model``."""
+    changed = [f"{name}={value!r}" for name, (value, default) in inputs.items() if value != default]
+    if changed:
+        log.warning("%s: %s has no meaning on %s and is ignored", node, ", ".join(changed),
+                    type(model.model).__name__)
+
+
+def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max_downsample: str = "auto",
+               seed: int = 0, use_rand: bool = True, merge: str = MERGE_QKV, start_percent: float = 0.0,
+               end_percent: float = 1.0, scope: str = SCOPE_SELF, reuse_steps: int = 1):
+    """Apply ToMe's inputs to ``model``, a U-Net or a DiT; returns the patched clone (or ``model``)."""
+    if comfyui_dit.dit_family(model) is None:
+        return comfyui_unet.apply_tome(model, ratio=ratio, stride_x=stride_x, stride_y=stride_y,
+                                       max_downsample=max_downsample, seed=seed, use_rand=use_rand, merge=merge,
+                                       start_percent=start_percent, end_percent=end_percent, scope=scope,
+                                       reuse_steps=reuse_steps)
+    warn_ignored("Apply ToMe", model, {"max_downsample": (max_downsample, "auto"), "scope": (scope, SCOPE_SELF),
+                                       "reuse_steps": (reuse_steps, 1)})
+    return comfyui_dit.apply_tome_dit(model, ratio=ratio, stride_x=stride_x, stride_y=stride_y, seed=seed,
+                                      use_rand=use_rand, merge=merge, start_percent=start_percent,
+                                      end_percent=end_percent)
+
+
+def apply_todo(model, *, downsample_factor: int, max_downsample: str = "auto", method: str = NEAREST,
+               start_percent: float = 0.0, end_percent: float = 1.0, time_factor: int = 1):
+    """Apply ToDo's inputs to ``model``, a U-Net or a DiT; returns the patched clone (or ``model``)."""
+    if comfyui_dit.dit_family(model) is None:
+        warn_ignored("Apply ToDo", model, {"time_factor": (time_factor, 1)})
+        return comfyui_unet.apply_todo(model, downsample_factor=downsample_factor, max_downsample=max_downsample,
+                                       method=method, start_percent=start_percent, end_percent=end_percent)
+    warn_ignored("Apply ToDo", model, {"max_downsample": (max_downsample, "auto")})
+    return comfyui_dit.apply_todo_dit(model, downsample_factor=downsample_factor, method=method,
+                                      time_factor=time_factor, start_percent=start_percent,
+                                      end_percent=end_percent)

@@ -1,0 +1,358 @@
+"""ToMe and ToDo in ComfyUI's U-Nets (SD1.x, SD2.x, SDXL): the patches, and the rules that register them.
+
+ComfyUI calls ``attn1_patch(n, context, value, extra_options)`` with
+``n = norm1(x)`` (and ``context`` and ``value`` equal to it for self-attention)
+and ``attn1_output_patch(out, extra_options)`` on the attention output. The
+``extra_options`` dict is created afresh for every block call and handed to
+both, so the plan made by the first travels to the second inside it. The
+block's cross-attention has the same pair of patch points (attn2), so the same
+plan reaches it. Its feed-forward has none: for the widest scope each block's
+``ff`` changes class, on the patched clone only, to one that merges around it
+(``MergedFeedForward``), and the plan reaches it through a context variable
+that the block's attn1 patch sets and the feed-forward clears (per thread, so
+cond and uncond in two threads never see each other's plan).
+
+Patch objects hold only their frozen settings, as they are shared by every
+clone and called from several threads (see ``comfyui``); ``apply_tome`` and
+``apply_todo`` clone the model and register them. No ComfyUI import.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from ..downsample import METHODS, NEAREST, downsample_tokens
+from ..grid import derive_seed, ratio_cap
+from ..levels import is_a, ldm_transformer_downsamples
+from ..merge import IDENTITY, build_plan
+from .comfyui import (
+    RUN_KEY,
+    Reach,
+    check_choice,
+    check_range,
+    current_sigma,
+    has_patches,
+    sigma_window,
+    wants_run_cache,
+    without_patches,
+)
+
+log = logging.getLogger(__name__)
+
+# Which of the self-attention inputs are merged.
+MERGE_QKV = "q, k and v"
+MERGE_Q = "q only"
+MERGE_KV = "k and v only"
+MERGE_MODES = (MERGE_QKV, MERGE_Q, MERGE_KV)
+
+# Which modules of a patched block work on merged tokens.
+SCOPE_SELF = "self-attention"
+SCOPE_CROSS = "self- and cross-attention"
+SCOPE_ALL = "self-attention, cross-attention and MLP"
+SCOPES = (SCOPE_SELF, SCOPE_CROSS, SCOPE_ALL)
+
+DOWNSAMPLE_CHOICES = ("auto", "1", "2", "4", "8")
+
+# In a block call's extra_options: the plan awaiting unmerge after attn1, after attn2, and the block's plan.
+PLAN_KEY = "tome_plan"
+ATTN2_PLAN_KEY = "tome_attn2_plan"
+BLOCK_PLAN_KEY = "tome_block_plan"
+# The plan the next feed-forward merges around; each block's attn1 patch sets it, that block's ff clears it.
+_FEED_FORWARD_PLAN = contextvars.ContextVar("tome_feed_forward_plan", default=IDENTITY)
+
+
+@dataclass(frozen=True)
+class ToMeSettings:
+    """What one Apply ToMe node asked for."""
+
+    ratio: float
+    sx: int
+    sy: int
+    reach: Reach
+    seed: int = 0
+    use_rand: bool = True
+    merge: str = MERGE_QKV
+    modules: str = SCOPE_SELF  # the node's ``scope`` input
+    reuse_steps: int = 1  # how many consecutive sampling steps one matching serves
+
+
+class ToMeAttn1Patch:
+    """Builds the plan from ``norm1(x)`` and merges the self-attention inputs.
+
+    With ``reuse_steps`` > 1, a block's plan serves the next steps too (the
+    matching is the costly part), kept in the sampling run's ``PlanCache``
+    under the batch it was made for: block, shape, device and the conds in the
+    batch (``uuids``), so cond and uncond, run together or apart, in one
+    thread or two, each get their own. Outside a sampling run (no cache) every
+    call makes a fresh plan.
+    """
+
+    def __init__(self, settings: ToMeSettings):
+        self.settings = settings
+
+    def plan(self, n: torch.Tensor, extra_options):
+        """The merge plan for this block call, or ``IDENTITY`` where ToMe must not act."""
+        s = self.settings
+        grid = s.reach.grid(n.shape[1], extra_options)
+        if grid is None:
+            return IDENTITY
+        cache = extra_options.get(RUN_KEY) if s.reuse_steps > 1 else None
+        if cache is None:
+            return self.fresh_plan(n, grid, extra_options)
+        batch = extra_options.get("uuids") or extra_options.get("cond_or_uncond") or ()
+        key = (extra_options.get("block"), extra_options.get("block_index", 0), tuple(n.shape), str(n.device),
+               tuple(batch))
+        return cache.plan(key, extra_options, s.reuse_steps, lambda: self.fresh_plan(n, grid, extra_options))
+
+    def fresh_plan(self, n: torch.Tensor, grid: tuple[int, int], extra_options):
+        """A new plan from this call's tokens ``n`` over their ``(w, h)`` grid."""
+        s = self.settings
+        w, h = grid
+        generator = None
+        if s.use_rand:
+            block = extra_options.get("block") or ()
+            sigma = current_sigma(extra_options) or 0.0
+            seed = derive_seed(s.seed, sigma, block, extra_options.get("block_index", 0))
+            generator = torch.Generator().manual_seed(seed)
+        return build_plan(n, w, h, s.sx, s.sy, int(n.shape[1] * s.ratio), no_rand=not s.use_rand,
+                          generator=generator)
+
+    def __call__(self, n, context, value, extra_options):
+        plan = self.plan(n, extra_options)
+        if self.settings.modules != SCOPE_SELF:
+            extra_options[BLOCK_PLAN_KEY] = plan
+        if self.settings.modules == SCOPE_ALL:
+            _FEED_FORWARD_PLAN.set(plan)  # IDENTITY too, so a block never sees an earlier block's plan
+        if plan is IDENTITY:
+            return n, context, value
+        n_tokens = n.shape[1]
+
+        def merged(t):
+            # Another pack's earlier patch may have swapped in a context of another layout: leave it.
+            if t is n:
+                return merged_n
+            return plan.merge(t) if t is not None and t.shape[1] == n_tokens else t
+
+        merge_q = self.settings.merge in (MERGE_QKV, MERGE_Q)
+        merge_kv = self.settings.merge in (MERGE_QKV, MERGE_KV)
+        merged_n = plan.merge(n)
+        if merge_q:
+            extra_options[PLAN_KEY] = plan
+        return (merged_n if merge_q else n,
+                merged(context) if merge_kv else context,
+                merged(value) if merge_kv else value)
+
+
+class ToMeUnmergePatch:
+    """An attention output patch: gives every merged query token its destination's output back, using the
+    plan its input patch left under ``key`` (``PLAN_KEY`` after attn1, ``ATTN2_PLAN_KEY`` after attn2)."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def __call__(self, out, extra_options):
+        plan = extra_options.pop(self.key, None)
+        return out if plan is None else plan.unmerge(out)
+
+
+class ToMeAttn2Patch:
+    """Merges the queries of cross-attention with the block's plan (the text context stays whole)."""
+
+    def __call__(self, n, context, value, extra_options):
+        plan = extra_options.get(BLOCK_PLAN_KEY, IDENTITY)
+        if plan is IDENTITY or n.shape[1] != plan.n_tokens:
+            return n, context, value
+        extra_options[ATTN2_PLAN_KEY] = plan
+        return plan.merge(n), context, value
+
+
+class MergedFeedForward:
+    """Mixed into the class of a block's feed-forward: runs it on the tokens merged by the block's plan."""
+
+    def forward(self, x):
+        plan = _FEED_FORWARD_PLAN.get()
+        _FEED_FORWARD_PLAN.set(IDENTITY)
+        if plan is IDENTITY or x.shape[1] != plan.n_tokens:
+            return super().forward(x)
+        return plan.unmerge(super().forward(plan.merge(x)))
+
+
+@functools.cache
+def merged_class(cls: type) -> type:
+    """``cls`` with ``MergedFeedForward`` in front: the class a merged block's feed-forward takes."""
+    if issubclass(cls, MergedFeedForward):  # the shared model is loaded with another clone's swap right now
+        return cls
+    return type(f"ToMe{cls.__name__}", (MergedFeedForward, cls), {})
+
+
+TOME_PATCH_TYPES = (ToMeAttn1Patch, ToMeUnmergePatch, ToMeAttn2Patch)
+
+
+@dataclass(frozen=True)
+class ToDoSettings:
+    """What one Apply ToDo node asked for."""
+
+    factor: int
+    reach: Reach
+    method: str = NEAREST
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_grid_too_small(w: int, h: int, factor: int) -> None:
+    """Once per grid and factor, not once per block call."""
+    log.warning("Apply ToDo: downsample_factor %d is larger than a %dx%d token grid; that block is left as is",
+                factor, w, h)
+
+
+class ToDoAttn1Patch:
+    """Pools the keys and values of self-attention over ``factor x factor`` cells; the queries stay full.
+
+    It acts on the grid-shaped inputs only: keys or values another patch already
+    changed (ToMe merged them, say) are passed on untouched.
+    """
+
+    def __init__(self, settings: ToDoSettings):
+        self.settings = settings
+
+    def __call__(self, n, context, value, extra_options):
+        s = self.settings
+        n_tokens = n.shape[1]
+        grid = s.reach.grid(n_tokens, extra_options)
+        if grid is None:
+            return n, context, value
+        w, h = grid
+        if s.factor > min(w, h):
+            _warn_grid_too_small(w, h, s.factor)
+            return n, context, value
+
+        def pooled(t):
+            return downsample_tokens(t, w, h, s.factor, s.method) if t is not None and t.shape[1] == n_tokens else t
+
+        pooled_context = pooled(context)
+        return n, pooled_context, pooled_context if value is context else pooled(value)
+
+
+# Registration: what the nodes call. Each clones the model; the input model is never touched.
+
+def transformer_downsamples(model) -> list[int]:
+    """Downsample factors of the U-Net levels that hold transformer blocks, highest resolution first.
+
+    Empty for a model that is not a U-Net with ``SpatialTransformer`` blocks (a
+    DiT such as SD3 or Flux).
+    """
+    return ldm_transformer_downsamples(model.get_model_object("diffusion_model"))
+
+
+def unet_levels(model, node: str) -> list[int]:
+    """``transformer_downsamples(model)``, with a warning naming the model where there are none."""
+    levels = transformer_downsamples(model)
+    if not levels:
+        log.warning("%s: %s is neither a U-Net with transformer blocks nor a DiT this pack knows; the model "
+                    "passes through unchanged", node, type(model.model).__name__)
+    return levels
+
+
+def pick_downsample(levels: list[int], max_downsample: str, node: str) -> int:
+    """The ``max_downsample`` input as a number; ``auto`` is the highest-resolution transformer level."""
+    downsample = levels[0] if max_downsample == "auto" else int(max_downsample)
+    if downsample < levels[0]:
+        log.warning("%s: max_downsample %d reaches no transformer block of this model "
+                    "(its highest-resolution blocks are at %d); it does nothing", node, downsample, levels[0])
+    return downsample
+
+
+def feed_forward_class_keys(model) -> list[str]:
+    """Object-patch keys of the class of every U-Net transformer block's feed-forward.
+
+    The class, not the module, is patched: the module keeps its weights, so
+    LoRA keys still resolve, and a MultiGPU copy of the model, which receives
+    the same object patches, changes the class of its own feed-forwards and
+    runs its own weights on its own device.
+    """
+    unet = model.get_model_object("diffusion_model")
+    return [f"diffusion_model.{name}.ff.__class__" for name, module in unet.named_modules()
+            if is_a(module, "BasicTransformerBlock") and hasattr(module, "ff")]
+
+
+def without_merged_feed_forwards(model) -> None:
+    """Drop an earlier Apply ToMe's feed-forward class swaps from ``model``'s object patches."""
+    for key in [k for k, v in model.object_patches.items() if isinstance(v, type) and issubclass(v, MergedFeedForward)]:
+        del model.object_patches[key]
+
+
+def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max_downsample: str = "auto",
+               seed: int = 0, use_rand: bool = True, merge: str = MERGE_QKV, start_percent: float = 0.0,
+               end_percent: float = 1.0, scope: str = SCOPE_SELF, reuse_steps: int = 1):
+    """Clone ``model`` with ToMe patched into the modules of ``scope``; the input model is never touched.
+
+    Every input is checked before anything is cloned: a bad one raises ``ValueError`` naming it."""
+    check_range("ratio", ratio, 0.0, 0.99)
+    check_range("stride_x", stride_x, 1, 8)
+    check_range("stride_y", stride_y, 1, 8)
+    check_range("reuse_steps", reuse_steps, 1, 20)
+    check_choice("max_downsample", max_downsample, DOWNSAMPLE_CHOICES)
+    check_choice("merge", merge, MERGE_MODES)
+    check_choice("scope", scope, SCOPES)
+    levels = unet_levels(model, "Apply ToMe")
+    if not levels or (ratio <= 0.0 and not has_patches(model, TOME_PATCH_TYPES)):
+        return model
+    cap = ratio_cap(stride_x, stride_y)
+    if ratio > cap:
+        log.warning("Apply ToMe: ratio %.3f is above the %dx%d stride's cap of %.3f; using %.3f",
+                    ratio, stride_x, stride_y, cap, cap)
+        ratio = cap
+    downsample = pick_downsample(levels, max_downsample, "Apply ToMe")
+    settings = ToMeSettings(ratio=ratio, sx=stride_x, sy=stride_y,
+                            reach=Reach(downsample, *sigma_window(model, start_percent, end_percent)),
+                            seed=seed, use_rand=use_rand, merge=merge, modules=scope, reuse_steps=reuse_steps)
+
+    patched = model.clone()
+    without_patches(patched.model_options["transformer_options"].setdefault("patches", {}), TOME_PATCH_TYPES)
+    without_merged_feed_forwards(patched)
+    if ratio <= 0.0:
+        return patched
+    patched.set_model_attn1_patch(ToMeAttn1Patch(settings))
+    patched.set_model_attn1_output_patch(ToMeUnmergePatch(PLAN_KEY))
+    if scope != SCOPE_SELF:
+        patched.set_model_attn2_patch(ToMeAttn2Patch())
+        patched.set_model_attn2_output_patch(ToMeUnmergePatch(ATTN2_PLAN_KEY))
+    if scope == SCOPE_ALL:
+        for key in feed_forward_class_keys(patched):
+            patched.add_object_patch(key, merged_class(patched.get_model_object(key)))
+    if reuse_steps > 1:
+        wants_run_cache(patched)
+    return patched
+
+
+def apply_todo(model, *, downsample_factor: int, max_downsample: str = "auto", method: str = NEAREST,
+               start_percent: float = 0.0, end_percent: float = 1.0):
+    """Clone ``model`` with ToDo's key/value pooling patched into its self-attention.
+
+    The ToDo patch goes ahead of any ToMe patch, whichever node came first in
+    the chain: it pools the grid-shaped keys and values, then ToMe merges the
+    queries (and leaves the keys and values, which no longer share their layout). Every input is checked
+    before anything is cloned: a bad one raises ``ValueError`` naming it.
+    """
+    check_range("downsample_factor", downsample_factor, 1, 8)
+    check_choice("max_downsample", max_downsample, DOWNSAMPLE_CHOICES)
+    check_choice("method", method, METHODS)
+    levels = unet_levels(model, "Apply ToDo")
+    if not levels or (downsample_factor <= 1 and not has_patches(model, (ToDoAttn1Patch,))):
+        return model
+    downsample = pick_downsample(levels, max_downsample, "Apply ToDo")
+    settings = ToDoSettings(downsample_factor, Reach(downsample, *sigma_window(model, start_percent, end_percent)),
+                            method)
+
+    patched = model.clone()
+    patches = patched.model_options["transformer_options"].setdefault("patches", {})
+    without_patches(patches, (ToDoAttn1Patch,))
+    if downsample_factor > 1:
+        attn1 = patches.setdefault("attn1_patch", [])
+        first_tome = next((i for i, p in enumerate(attn1) if isinstance(p, TOME_PATCH_TYPES)), len(attn1))
+        attn1.insert(first_tome, ToDoAttn1Patch(settings))
+    return patched
