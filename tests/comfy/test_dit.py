@@ -1,0 +1,274 @@
+"""Apply ToDo and Apply ToMe on tiny random-weight DiTs of every family, sampled by the real KSampler.
+
+Two recording overrides frame ours: one already on the model before the node
+(ours calls it instead of the attention, so it sees what reaches attention),
+and one put over ours afterwards (it sees what the model hands to attention).
+cond and uncond have different text lengths (7 and 5 tokens), so they run as
+separate model calls with layouts of their own.
+"""
+
+import logging
+
+import pytest
+import torch
+
+from tome_harness import dit_models
+
+COND_TEXT, UNCOND_TEXT = 7, 5
+# The latent: 10x12, so 5x6 patches (30 tokens), 3x3 cells of 2x2; Wan has 3 frames of them, Qwen-Image one.
+LATENTS = {"wan21": (1, 16, 3, 10, 12), "wan21_fun": (1, 16, 3, 10, 12), "qwen_image": (1, 16, 1, 10, 12)}
+LATENT = (1, 16, 10, 12)
+GRID = (5, 6)
+# Per family, written out by hand from ComfyUI's model code: for each self-attention length that holds the image,
+# where the image starts (cond and uncond), and the frames of 5x6 patches.
+IMAGE_STARTS = {
+    "flux": ({COND_TEXT + 30: COND_TEXT, UNCOND_TEXT + 30: UNCOND_TEXT}, 1),  # [text | image]
+    "sd3": ({COND_TEXT + 30: COND_TEXT, UNCOND_TEXT + 30: UNCOND_TEXT, 30: 0}, 1),  # joint, and attn2's image
+    "wan21": ({90: 0}, 3),  # video only; cross-attention has 90 queries and 7 or 5 keys
+    "qwen_image": ({COND_TEXT + 30: COND_TEXT, UNCOND_TEXT + 30: UNCOND_TEXT}, 1),
+    "lumina2": ({8 + 32: 8, 32: 0}, 1),  # text and image each padded to 8s; refiners: text (8) alone, image alone
+}
+
+
+@pytest.fixture(scope="module")
+def dit(pack):
+    return pack.dit
+
+
+@pytest.fixture(scope="module")
+def models(comfy_nodes):
+    built = {}
+    for family in dit_models.FAMILIES:
+        try:
+            built[family] = dit_models.build_dit_model(family)
+        except ImportError as error:  # a family whose ComfyUI code needs what this host lacks
+            built[family] = error
+    return built
+
+
+@pytest.fixture(params=dit_models.FAMILIES)
+def family(request, models):
+    if isinstance(models[request.param], Exception):
+        pytest.skip(f"{request.param} cannot be built on this host: {models[request.param]}")
+    return request.param
+
+
+def conditioning(references=None):
+    """cond and uncond (with different text lengths), both with ``references`` (edit or reference latents)."""
+    generator = torch.Generator().manual_seed(5)
+    extra = {"pooled_output": torch.zeros(1, dit_models.CONTEXT_DIM)}
+    if references is not None:
+        extra["reference_latents"] = references
+    return ([[torch.randn(1, COND_TEXT, dit_models.CONTEXT_DIM, generator=generator), dict(extra)]],
+            [[torch.randn(1, UNCOND_TEXT, dit_models.CONTEXT_DIM, generator=generator), dict(extra)]])
+
+
+def sample(comfy_nodes, model, family, seed=3, steps=2, references=None):
+    """A real KSampler run at cfg 2."""
+    positive, negative = conditioning(references)
+    latent = {"samples": torch.zeros(LATENTS.get(family, LATENT))}
+    (out,) = comfy_nodes.KSampler().sample(model, seed, steps, 2.0, "euler", "normal", positive, negative, latent)
+    return out["samples"]
+
+
+def token_major(t, kwargs):
+    return t.transpose(1, 2) if kwargs.get("skip_reshape") else t
+
+
+def recorder(calls):
+    """An attention override that notes the token-major q, k, v it is called with, and passes them on."""
+
+    def record(func, *args, **kwargs):
+        calls.append([token_major(t, kwargs).detach().clone() for t in args[:3]])
+        out = func(*args, **kwargs)
+        calls[-1].append(out.detach().clone())  # [B, L, H*D] in every family here (no skip_output_reshape)
+        return out
+
+    return record
+
+
+def with_override(model, override):
+    patched = model.clone()
+    patched.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
+    return patched
+
+
+def traced_sample(comfy_nodes, dit, model, family, apply, references=None):
+    """Sample ``apply(model)``, recording what the model hands to attention (``outer``) and what reaches it
+    (``inner``), call by call."""
+    inner, outer = [], []
+    patched = apply(with_override(model, recorder(inner)))
+    ours = patched.model_options["transformer_options"]["optimized_attention_override"]
+    assert isinstance(ours, dit.DiTReduction)
+    record_outer = recorder(outer)
+    out = sample(comfy_nodes, with_override(patched, lambda func, *a, **k: record_outer(
+        lambda *a2, **k2: ours(func, *a2, **k2), *a, **k)), family, references=references)
+    assert len(inner) == len(outer) > 0
+    return out, inner, outer
+
+
+def image_calls(family, inner, outer, image_starts=IMAGE_STARTS):
+    """``(start, frames, inner call, outer call)`` of every image self-attention call; asserts that every other
+    call reached attention exactly as the model made it."""
+    starts, frames = image_starts[family]
+    found = []
+    for got, made in zip(inner, outer, strict=True):
+        q, k, _ = made[:3]
+        if q.shape[1] == k.shape[1] and k.shape[1] in starts:
+            found.append((starts[k.shape[1]], frames, got, made))
+        else:
+            for a, b in zip(got[:3], made[:3], strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert found
+    return found
+
+
+def nearest_cells(image, frames):
+    """The top-left token of every 2x2 cell of ``frames`` grids of 5x6: ``[B, frames*30, ...] -> [B, frames*9, ...]``
+    """
+    return image.unflatten(1, (frames, *GRID))[:, :, ::2, ::2].flatten(1, 3)
+
+
+def test_todo_pools_the_image_keys_and_values_and_leaves_everything_else(comfy_nodes, dit, models, family):
+    out, inner, outer = traced_sample(comfy_nodes, dit, models[family], family,
+                                      lambda m: dit.apply_todo_dit(m, downsample_factor=2))
+    assert torch.isfinite(out).all()
+    for start, frames, got, made in image_calls(family, inner, outer):
+        n = frames * 30
+        torch.testing.assert_close(got[0], made[0], rtol=0, atol=0)  # the queries stay whole
+        for pooled, full in zip(got[1:3], made[1:3], strict=True):
+            assert pooled.shape[1] == full.shape[1] - n + frames * 9
+            torch.testing.assert_close(pooled[:, :start], full[:, :start], rtol=0, atol=0)
+            torch.testing.assert_close(pooled[:, start:start + frames * 9], nearest_cells(full[:, start:start + n],
+                                                                                          frames), rtol=0, atol=0)
+            torch.testing.assert_close(pooled[:, start + frames * 9:], full[:, start + n:], rtol=0, atol=0)
+
+
+# Edit and reference images: Flux Kontext and Qwen-Image edit append a 6x8 latent (3x4 = 12 tokens) after the
+# image; Wan Fun puts one 10x12 frame (30 tokens) ahead of the video.
+REFERENCES = {"flux": [torch.randn(1, 16, 6, 8)], "qwen_image": [torch.randn(1, 16, 1, 6, 8)],
+              "wan21_fun": [torch.randn(1, 16, 1, 10, 12)]}
+REFERENCE_STARTS = {
+    "flux": ({COND_TEXT + 30 + 12: COND_TEXT, UNCOND_TEXT + 30 + 12: UNCOND_TEXT}, 1),
+    "qwen_image": ({COND_TEXT + 30 + 12: COND_TEXT, UNCOND_TEXT + 30 + 12: UNCOND_TEXT}, 1),
+    "wan21_fun": ({30 + 90: 30}, 3),
+}
+
+
+@pytest.mark.parametrize("name", list(REFERENCES))
+def test_reference_images_stay_whole(comfy_nodes, dit, name):
+    try:
+        model = dit_models.build_dit_model(name)
+    except ImportError as error:
+        pytest.skip(f"{name} cannot be built on this host: {error}")
+    out, inner, outer = traced_sample(comfy_nodes, dit, model, name,
+                                      lambda m: dit.apply_todo_dit(m, downsample_factor=2), REFERENCES[name])
+    assert torch.isfinite(out).all()
+    for start, frames, got, made in image_calls(name, inner, outer, REFERENCE_STARTS):
+        n = frames * 30
+        torch.testing.assert_close(got[1][:, :start], made[1][:, :start], rtol=0, atol=0)
+        torch.testing.assert_close(got[1][:, start:start + frames * 9],
+                                   nearest_cells(made[1][:, start:start + n], frames), rtol=0, atol=0)
+        torch.testing.assert_close(got[1][:, start + frames * 9:], made[1][:, start + n:], rtol=0, atol=0)
+
+
+def test_todo_time_factor_pools_across_frames(comfy_nodes, dit, models):
+    if isinstance(models["wan21"], Exception):
+        pytest.skip(f"wan21 cannot be built on this host: {models['wan21']}")
+    _, inner, outer = traced_sample(comfy_nodes, dit, models["wan21"], "wan21",
+                                    lambda m: dit.apply_todo_dit(m, downsample_factor=2, time_factor=2,
+                                                                 method="average"))
+    for _, _, got, made in image_calls("wan21", inner, outer):
+        assert (got[0].shape[1], got[1].shape[1]) == (90, 2 * 9)  # frames 1-2 and 3 alone, 3x3 cells each
+        torch.testing.assert_close(got[1][:, 0], made[1].unflatten(1, (3, 5, 6))[:, :2, :2, :2].mean((1, 2, 3)))
+
+
+@pytest.mark.parametrize("merge", ["q, k and v", "k and v only"])
+def test_tome_merges_the_image_tokens_and_restores_every_query(comfy_nodes, dit, models, family, merge):
+    out, inner, outer = traced_sample(comfy_nodes, dit, models[family], family,
+                                      lambda m: dit.apply_tome_dit(m, ratio=0.5, merge=merge))
+    assert torch.isfinite(out).all()
+    for start, frames, got, made in image_calls(family, inner, outer):
+        n, kept = frames * 30, frames * 15
+        q, k, v = got[:3]
+        assert k.shape[1] == v.shape[1] == made[1].shape[1] - n + kept
+        assert q.shape[1] == (k.shape[1] if merge == "q, k and v" else made[0].shape[1])
+        torch.testing.assert_close(k[:, :start], made[1][:, :start], rtol=0, atol=0)  # text never merged
+        assert got[3].shape[1] == q.shape[1]  # attention ran on the merged queries ...
+        assert made[3].shape[1] == made[0].shape[1]  # ... and the model got an output for every query
+        if merge == "q, k and v":  # every merged query has its destination's output: as many distinct as kept
+            assert len({tuple(row.tolist()) for row in made[3][0, start:start + n]}) == kept
+
+
+def test_factor_1_and_ratio_0_remove_the_patch_bit_for_bit(comfy_nodes, dit, models, family):
+    model = models[family]
+    assert dit.apply_todo_dit(model, downsample_factor=1) is model
+    assert dit.apply_tome_dit(model, ratio=0.0) is model
+    removed = dit.apply_tome_dit(dit.apply_todo_dit(dit.apply_tome_dit(model, ratio=0.5), downsample_factor=2),
+                                 ratio=0.0)
+    removed = dit.apply_todo_dit(removed, downsample_factor=1)
+    options = removed.model_options["transformer_options"]
+    assert "optimized_attention_override" not in options
+    assert not removed.get_wrappers("apply_model", "tome")
+    torch.testing.assert_close(sample(comfy_nodes, removed, family), sample(comfy_nodes, model, family),
+                               rtol=0, atol=0)
+
+
+def test_same_seed_same_image_and_the_global_rng_untouched(comfy_nodes, dit, models, family):
+    patched = dit.apply_tome_dit(dit.apply_todo_dit(models[family], downsample_factor=2), ratio=0.5, seed=7)
+    first = sample(comfy_nodes, patched, family)
+    torch.testing.assert_close(sample(comfy_nodes, patched, family), first, rtol=0, atol=0)
+    assert not torch.equal(first, sample(comfy_nodes, models[family], family))
+    # KSampler seeds the global RNG itself, so the patch is checked on a model call alone.
+    x = torch.randn(LATENTS.get(family, LATENT), generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor([5.0])
+    options = dict(patched.model_options["transformer_options"], wrappers=patched.wrappers, sigmas=sigma)
+    context = torch.randn(1, COND_TEXT, dit_models.CONTEXT_DIM, generator=torch.Generator().manual_seed(1))
+    conds = {"num_tokens": COND_TEXT} if family == "lumina2" else {}
+    state = torch.get_rng_state()
+    with torch.inference_mode():
+        out = patched.model.apply_model(x, sigma, c_crossattn=context, transformer_options=options, **conds)
+    assert torch.isfinite(out).all()
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_the_input_model_is_untouched_and_a_second_node_replaces_the_first(comfy_nodes, dit, models):
+    if isinstance(models["flux"], Exception):
+        pytest.skip(f"flux cannot be built on this host: {models['flux']}")
+    model = models["flux"]
+    once = dit.apply_todo_dit(model, downsample_factor=2)
+    twice = dit.apply_todo_dit(once, downsample_factor=3, method="max")
+    assert "optimized_attention_override" not in model.model_options.get("transformer_options", {})
+    assert not model.get_wrappers("apply_model", "tome")
+    assert len(twice.get_wrappers("apply_model", "tome")) == 1
+    assert twice.model_options["transformer_options"]["optimized_attention_override"].todo.factor == 3
+    assert once.model_options["transformer_options"]["optimized_attention_override"].todo.factor == 2
+
+
+def test_each_family_is_recognised_and_a_u_net_passes_through_with_a_warning(dit, models, sd15, caplog):
+    for name, model in models.items():
+        if not isinstance(model, Exception):
+            assert dit.dit_family(model) == {"wan21": "wan"}.get(name, name)
+    with caplog.at_level(logging.WARNING):
+        assert dit.apply_todo_dit(sd15, downsample_factor=2) is sd15
+    assert "BaseModel is not a DiT" in caplog.text
+
+
+def test_the_nodes_send_a_dit_to_its_adapter_and_name_the_inputs_it_ignores(pack, comfy_nodes, models, caplog):
+    wan = models["wan21"]
+    if isinstance(wan, Exception):
+        pytest.skip(f"wan21 cannot be built on this host: {wan}")
+    (todo,) = pack.nodes.ApplyToDo.execute(model=wan, downsample_factor=2, max_downsample="auto", method="nearest",
+                                           start_percent=0.0, end_percent=1.0, time_factor=2).result
+    override = todo.model_options["transformer_options"]["optimized_attention_override"]
+    assert (override.todo.factor, override.todo.time_factor) == (2, 2)
+    with caplog.at_level(logging.WARNING):
+        (tome,) = pack.nodes.ApplyToMeAdvanced.execute(
+            model=todo, ratio=0.5, stride_x=2, stride_y=2, max_downsample="4", seed=0, use_rand=True,
+            merge="k and v only", start_percent=0.0, end_percent=1.0, scope="self- and cross-attention",
+            reuse_steps=1).result
+    override = tome.model_options["transformer_options"]["optimized_attention_override"]
+    assert override.todo.factor == 2 and override.tome.merge == "k and v only"
+    assert "max_downsample='4', scope='self- and cross-attention' has no meaning on WAN21 and is ignored" in \
+        caplog.text
+    assert torch.isfinite(sample(comfy_nodes, tome, "wan21")).all()
