@@ -21,6 +21,7 @@ device synchronised, in a separate forward).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import tempfile
@@ -70,6 +71,21 @@ FLUX_CONFIG = {
 }
 
 
+def with_blocks(case: Case, blocks: int | None) -> Case:
+    """``case`` with only its first ``blocks`` transformer blocks (all where ``None``). Every block of these
+    models has the same width and work, so the speed-up of a few blocks is the whole model's, up to the small
+    embedding and output layers; it lets the larger inputs run on a small machine."""
+    if blocks is None:
+        return case
+    config = dict(case.config)
+    if "num_layers" in config:  # Wan
+        config["num_layers"] = blocks
+    else:  # MMDiT: its image-only attention sits in the first blocks
+        config["depth"] = blocks
+        config["x_block_self_attn_layers"] = [i for i in config["x_block_self_attn_layers"] if i < blocks]
+    return dataclasses.replace(case, name=f"{case.name}-{blocks}blocks", config=config)
+
+
 def cases_of(args) -> list[Case]:
     """The cases the command line asks for, in its order."""
     cases = []
@@ -78,7 +94,8 @@ def cases_of(args) -> list[Case]:
             cases += tiny_cases()
         elif name == "wan13b":
             wan = REAL_CASES["wan13b"]
-            cases += [Case(f"wan13b-{n}f", wan.model_class, wan.config, (1, 16, (n - 1) // 4 + 1, 60, 104), wan.text)
+            cases += [with_blocks(Case(f"wan13b-{n}f", wan.model_class, wan.config,
+                                       (1, 16, (n - 1) // 4 + 1, 60, 104), wan.text), args.blocks)
                       for n in args.frames]
         elif name == "flux":
             double, single = args.flux_blocks
@@ -86,7 +103,7 @@ def cases_of(args) -> list[Case]:
             cases += [Case(f"flux-{double}d{single}s-{px}px", "Flux", config, (1, 16, px // 8, px // 8), (512, 4096),
                            {"y": (1, 768)}) for px in args.px]
         else:
-            cases.append(REAL_CASES[name])
+            cases.append(with_blocks(REAL_CASES[name], args.blocks))
     return cases
 
 
@@ -222,6 +239,7 @@ def main() -> None:
     parser.add_argument("--model", nargs="+", choices=[*REAL_CASES, "flux", "tiny"], default=list(REAL_CASES),
                         help="which models (see the module docstring)")
     parser.add_argument("--frames", type=int, nargs="+", default=[17], help="wan13b: video lengths in frames")
+    parser.add_argument("--blocks", type=int, help="sd35m, wan13b: run only this many of the model's blocks")
     parser.add_argument("--px", type=int, nargs="+", default=[1024], help="flux: image sizes in pixels")
     parser.add_argument("--flux-blocks", type=int, nargs=2, default=[2, 4], metavar=("DOUBLE", "SINGLE"),
                         help="flux: how many double and single blocks (the real model has 19 and 38)")

@@ -17,6 +17,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SHIMS = Path(__file__).resolve().parent / "host_shims"
 PACK_NAME = "comfyui-tome"  # the folder name ComfyUI loads the pack under in tests
+# ComfyUI's attention backends by our name, and the command-line flag (``comfy.cli_args.args``) that picks each.
+ATTENTION_FLAGS = {"split": "use_split_cross_attention", "sub-quadratic": "use_quad_cross_attention",
+                   "sdpa": "use_pytorch_cross_attention"}
+ATTENTION_CHOICES = tuple(ATTENTION_FLAGS)
 
 
 def comfyui_path() -> Path:
@@ -43,12 +47,18 @@ def link_pack(custom_nodes: Path) -> Path:
     return link
 
 
-def boot_in_process(custom_nodes: Path, cpu: bool = True, sdpa: bool = False):
+def boot_in_process(custom_nodes: Path, cpu: bool = True, sdpa: bool = False, attention: str | None = None):
     """Import ComfyUI, load its built-in nodes and this pack; returns ComfyUI's ``nodes`` module.
 
-    ``cpu``: ComfyUI's ``--cpu``; ``sdpa``: its ``--use-pytorch-cross-attention`` (else, on the CPU,
-    ComfyUI's default sub-quadratic attention).
+    ``cpu``: ComfyUI's ``--cpu``; ``attention``: its attention backend, one of ``ATTENTION_CHOICES`` (split,
+    sub-quadratic, sdpa: ``--use-split-cross-attention``, ``--use-quad-cross-attention``,
+    ``--use-pytorch-cross-attention``); None: ``sdpa`` (True means "sdpa"), else ComfyUI's default for the
+    device (sub-quadratic on the CPU, SDPA on CUDA). ComfyUI reads these once, on import: the first boot of a
+    process decides.
     """
+    attention = attention or ("sdpa" if sdpa else None)
+    if attention is not None and attention not in ATTENTION_FLAGS:
+        raise ValueError(f"attention {attention!r} is not one of {', '.join(ATTENTION_CHOICES)}")
     root = str(comfyui_path())
     for path in [root, *extra_python_paths()][::-1]:
         if path not in sys.path:
@@ -56,7 +66,8 @@ def boot_in_process(custom_nodes: Path, cpu: bool = True, sdpa: bool = False):
     from comfy.cli_args import args
 
     args.cpu = cpu
-    args.use_pytorch_cross_attention = sdpa
+    for name, flag in ATTENTION_FLAGS.items():
+        setattr(args, flag, name == attention)
     args.disable_api_nodes = True
     import nodes
 

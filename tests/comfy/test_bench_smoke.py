@@ -2,12 +2,14 @@
 
 import importlib.util
 import json
+import subprocess
 
 import pytest
-import random_models
 import torch
-from comfyui_host import ROOT
 from helpers import forward, self_attention_calls
+
+from tome_harness import random_models
+from tome_harness.comfyui import ROOT
 
 
 def _load(name):
@@ -76,3 +78,82 @@ def test_sampler_bench_runs_every_variant(comfy_nodes, pack):
     assert [r["variant"] for r in rows] == ["none", "core", "ours", "ours reuse 2"]
     assert rows[0]["distance"] == 0.0 and all(r["seconds"] > 0 for r in rows)
     assert len(bench.markdown(rows).splitlines()) == 6
+
+
+def _tiny_args(bench, *argv):
+    return bench.parse_args(["--channels", "32", "--context-dim", "32", *argv])
+
+
+def test_unet_bench_fast_variant_is_the_readme_setting(comfy_nodes, pack, sd15, sdxl):
+    bench = _load("unet_bench")
+    core_cls = comfy_nodes.NODE_CLASS_MAPPINGS["TomePatchModel"]
+    for model, same_as in ((sd15, "self+cross-ds2"), (sdxl, "all-ds4")):
+        models = bench.variants(pack.unet, core_cls, model, 0.5, 1, fixed=("fast",), scope_downsamples=(2, 4))
+        fast, same = models["fast"], models[same_as]
+        assert fast.model_options["transformer_options"]["patches"].keys() == \
+            same.model_options["transformer_options"]["patches"].keys()
+        assert fast.object_patches.keys() == same.object_patches.keys()
+        assert fast.model_options["transformer_options"]["patches"]["attn1_patch"][0].settings == \
+            same.model_options["transformer_options"]["patches"]["attn1_patch"][0].settings
+
+
+def test_unet_bench_batches_give_seconds_per_image(comfy_nodes):
+    bench = _load("unet_bench")
+    args = _tiny_args(bench, "--px", "64", "--batch", "1", "2", "--variants", "ours-qkv", "--todo", "--repeats", "1",
+                      "--memory", "in-process")
+    rows = bench.run(args, comfy_nodes)
+    assert [(r["batch"], r["variant"]) for r in rows] == [(1, "none"), (1, "ours-qkv"), (2, "none"), (2, "ours-qkv")]
+    assert all(r["s/image"] == r["seconds"] / r["batch"] and r["peak MiB"] is not None for r in rows)
+    assert len(bench.markdown(rows).splitlines()) == 6
+
+
+def test_unet_bench_repeats_0_times_only_the_memory_forward(comfy_nodes):
+    bench = _load("unet_bench")
+    args = _tiny_args(bench, "--px", "64", "--variants", "core", "--todo", "--repeats", "0", "--memory", "in-process")
+    rows = bench.run(args, comfy_nodes)
+    assert [r["variant"] for r in rows] == ["none", "core"]
+    assert all(r["seconds"] > 0 and r["peak MiB"] is not None and r["relative distance"] is None for r in rows)
+    assert "| n/a | n/a |" in bench.markdown(rows)
+
+
+def test_memory_children_see_tome_shrink_attention_and_fail_cleanly_over_a_cap(comfy_nodes):
+    bench = _load("unet_bench")
+    args = _tiny_args(bench, "--px", "256", "--variants", "ours-qkv", "--todo", "--repeats", "0", "--memory", "child")
+    none, ours = bench.run(args, comfy_nodes)
+    assert (none["variant"], ours["variant"], none["attention"]) == ("none", "ours-qkv", "attention_sub_quad")
+    assert 0 < ours["attention MiB"] < none["attention MiB"] / 2 <= none["peak MiB"]
+    assert none["seconds"] > 0 and ours["speed-up"] > 0
+    capped = bench.run_child(args, "none", 256, 1, 0.5, cap_mib=1)
+    assert not capped["ok"] and "allocate" in capped["error"]
+
+
+def test_cap_search_finds_the_largest_size_that_fits():
+    bench = _load("unet_bench")
+    sizes = list(range(512, 2049, 64))
+    largest, tried = bench.largest_under_cap(lambda px: px <= 1000, sizes)
+    assert largest == 960 and len(tried) <= 7
+    assert bench.largest_under_cap(lambda px: False, sizes) == (None, {512: False})
+    assert bench.largest_under_cap(lambda px: True, sizes)[0] == 2048
+    row = {"family": "sd15", "dtype": "fp32", "attention": "default", "batch": 1, "variant": "none",
+           "cap MiB": 1000.0, "px range": [512, 2048], "largest px": largest,
+           "tried": {str(px): ok for px, ok in sorted(tried.items())}}
+    assert "| 960 |" in bench.cap_markdown([row])
+
+
+def test_gpu_table_smoke_runs_on_the_cpu(tmp_path):
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_table.sh"), "--smoke", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = (tmp_path / "gpu_table.md").read_text()
+    for family in ("sd15", "sdxl"):
+        rows = [line for line in table.splitlines() if line.startswith(f"| {family} fp16 |")]
+        assert [line.split("|")[5].strip() for line in rows] == ["none", "core", "ours-qkv", "fast", "todo-2"]
+
+
+def test_sampler_bench_hires_times_the_second_pass(comfy_nodes):
+    bench = _load("sampler_bench")
+    args = bench.parse_args(["--hires", "64", "128", "2", "--steps", "2", "--channels", "32", "--context-dim", "32"])
+    rows = bench.run(args, comfy_nodes)
+    assert [r["variant"] for r in rows] == ["none", "core", "ours"]
+    assert all(r["px"] == 128 and r["first px"] == 64 and r["steps"] == 2 and r["denoise"] == 0.5 for r in rows)
+    assert "64 -> 128" in bench.markdown(rows)

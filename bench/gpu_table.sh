@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The CUDA table of issue 14 in one command: U-Net forward time and peak memory, fp16, ComfyUI's SDPA
+# attention, SD1.5 at 512, 1024 and 2048 px and SDXL at 1024 and 2048 px; variants: no patch, the core node,
+# Apply ToMe's default (ours-qkv), Apply ToDo factor 2, and the README's fast setting ("fast": SD1.5
+# self+cross at max_downsample 2, SDXL scope all at max_downsample 4). Writes bench/results/gpu_table/:
+# gpu_table.md (both tables under the machine and the commands), and unet_bench.py's JSON, Markdown and plot
+# for each family. Memory is measured in-process (CUDA's allocator peak; on the CPU, see unet_bench.py).
+#
+#   bash bench/gpu_table.sh            # on a CUDA machine (meant for one H200: a few minutes)
+#   bash bench/gpu_table.sh --smoke    # the same run on a narrow model at tiny sizes; runs on the CPU (CI)
+#   options: --out DIR (default bench/results/gpu_table), --repeats N (default 5; smoke 1)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+
+out=bench/results/gpu_table
+smoke=0
+repeats=5
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --smoke) smoke=1; repeats=1 ;;
+        --out) out=$2; shift ;;
+        --repeats) repeats=$2; shift ;;
+        *) echo "gpu_table.sh: unknown option $1 (use --smoke, --out DIR, --repeats N)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+if [ "$smoke" = 1 ]; then  # the layouts kept, 32 channels wide; sizes where a CPU takes seconds
+    sd15_px=(64); sdxl_px=(64); narrow=(--channels 32 --context-dim 32)
+else
+    sd15_px=(512 1024 2048); sdxl_px=(1024 2048); narrow=()
+fi
+common=(--dtype fp16 --attention sdpa --variants core ours-qkv fast --todo 2 --memory in-process
+        --repeats "$repeats" --out "$out" "${narrow[@]}")
+
+mkdir -p "$out"
+commands=()
+for family in sd15 sdxl; do
+    if [ "$family" = sd15 ]; then px=("${sd15_px[@]}"); else px=("${sdxl_px[@]}"); fi
+    command=("$PYTHON" bench/unet_bench.py --family "$family" --px "${px[@]}" "${common[@]}")
+    echo "+ ${command[*]}" >&2
+    "${command[@]}"
+    commands+=("${command[*]}")
+done
+
+machine=$("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available()
+    else "CPU (no CUDA)", "| torch", torch.__version__)')
+{
+    echo "# U-Net forward, fp16, SDPA: time and peak memory"
+    echo
+    echo "$(date -u +%Y-%m-%dT%H:%MZ), $machine$([ "$smoke" = 1 ] && echo ', SMOKE RUN (narrow model, tiny sizes)')."
+    echo "peak MiB: the forward's peak above the loaded model; attention MiB: the largest rise inside one"
+    echo "attention call. fast: SD1.5 self+cross at max_downsample 2; SDXL scope all at max_downsample 4."
+    echo
+    for command in "${commands[@]}"; do echo "    $command"; done
+    for family in sd15 sdxl; do
+        echo
+        cat "$out/unet_${family}_fp16_sdpa.md"
+    done
+} > "$out/gpu_table.md"
+cat "$out/gpu_table.md"
