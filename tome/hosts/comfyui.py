@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from ..grid import block_grid
+from ..grid import block_grid, ratio_cap
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,16 @@ def check_range(name: str, value, low, high) -> None:
     """A clear error naming the input and its range when ``value`` lies outside ``[low, high]``."""
     if not low <= value <= high:
         raise ValueError(f"{name} must be between {low} and {high}, not {value!r}")
+
+
+def capped_ratio(ratio: float, stride_x: int, stride_y: int) -> float:
+    """``ratio``, or the stride's cap (every token but one per cell merged) with a warning where it is above."""
+    cap = ratio_cap(stride_x, stride_y)
+    if ratio > cap:
+        log.warning("Apply ToMe: ratio %.3f is above the %dx%d stride's cap of %.3f; using %.3f",
+                    ratio, stride_x, stride_y, cap, cap)
+        return cap
+    return ratio
 
 
 def sigma_window(model, start_percent: float, end_percent: float) -> tuple[float, float]:

@@ -42,9 +42,9 @@ import torch
 import torch.nn.functional as F
 
 from ..downsample import MAX, METHODS, NEAREST
-from ..grid import derive_seed, ratio_cap
+from ..grid import derive_seed
 from ..merge import IDENTITY, build_plan
-from .comfyui import WRAPPER_KEY, Reach, current_sigma, sigma_window
+from .comfyui import WRAPPER_KEY, Reach, capped_ratio, check_choice, check_range, current_sigma, sigma_window
 from .comfyui_unet import MERGE_KV, MERGE_MODES, MERGE_Q, MERGE_QKV
 
 log = logging.getLogger(__name__)
@@ -461,12 +461,9 @@ def apply_todo_dit(model, *, downsample_factor: int, method: str = NEAREST, time
     family = known_family(model, "Apply ToDo")
     if family is None:
         return model
-    if downsample_factor < 1:
-        raise ValueError(f"downsample_factor must be at least 1, not {downsample_factor}")
-    if time_factor < 1:
-        raise ValueError(f"time_factor must be at least 1, not {time_factor}")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+    check_range("downsample_factor", downsample_factor, 1, 8)
+    check_range("time_factor", time_factor, 1, 8)
+    check_choice("method", method, METHODS)
     current = base_reduction(model)
     todo = None
     if downsample_factor > 1 or time_factor > 1:
@@ -486,18 +483,14 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
     family = known_family(model, "Apply ToMe")
     if family is None:
         return model
-    if merge not in MERGE_MODES:
-        raise ValueError(f"merge must be one of {', '.join(MERGE_MODES)}, not {merge!r}")
-    if stride_x < 1 or stride_y < 1:
-        raise ValueError(f"stride_x and stride_y must be at least 1, not {stride_x} and {stride_y}")
+    check_range("ratio", ratio, 0.0, 0.99)
+    check_range("stride_x", stride_x, 1, 8)
+    check_range("stride_y", stride_y, 1, 8)
+    check_choice("merge", merge, MERGE_MODES)
     current = base_reduction(model)
     if ratio <= 0.0 and current.tome is None:
         return model
-    cap = ratio_cap(stride_x, stride_y)
-    if ratio > cap:
-        log.warning("Apply ToMe: ratio %.3f is above the %dx%d stride's cap of %.3f; using %.3f",
-                    ratio, stride_x, stride_y, cap, cap)
-        ratio = cap
+    ratio = capped_ratio(ratio, stride_x, stride_y)
     tome = None
     if ratio > 0.0:
         tome = DiTToMe(ratio, stride_x, stride_y, Reach(1, *sigma_window(model, start_percent, end_percent)),

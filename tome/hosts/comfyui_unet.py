@@ -27,12 +27,13 @@ from dataclasses import dataclass
 import torch
 
 from ..downsample import METHODS, NEAREST, downsample_tokens
-from ..grid import derive_seed, ratio_cap
+from ..grid import derive_seed
 from ..levels import is_a, ldm_transformer_downsamples
 from ..merge import IDENTITY, build_plan
 from .comfyui import (
     RUN_KEY,
     Reach,
+    capped_ratio,
     check_choice,
     check_range,
     current_sigma,
@@ -301,11 +302,7 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
     levels = unet_levels(model, "Apply ToMe")
     if not levels or (ratio <= 0.0 and not has_patches(model, TOME_PATCH_TYPES)):
         return model
-    cap = ratio_cap(stride_x, stride_y)
-    if ratio > cap:
-        log.warning("Apply ToMe: ratio %.3f is above the %dx%d stride's cap of %.3f; using %.3f",
-                    ratio, stride_x, stride_y, cap, cap)
-        ratio = cap
+    ratio = capped_ratio(ratio, stride_x, stride_y)
     downsample = pick_downsample(levels, max_downsample, "Apply ToMe")
     settings = ToMeSettings(ratio=ratio, sx=stride_x, sy=stride_y,
                             reach=Reach(downsample, *sigma_window(model, start_percent, end_percent)),
