@@ -67,8 +67,12 @@ def test_ab_mode_prints_both_times_and_the_difference(server, tmp_path, capsys):
 
 
 def test_out_of_range_ratio_is_rejected_naming_the_input_and_the_server_keeps_serving(server, tmp_path, capsys):
-    status = tome_client.main([str(WORKFLOWS / "sd15_tome.json"), "--server", server, "--out", str(tmp_path),
-                               "--ratio", "1.5", *SMALL])
+    """The server's own check (the client's --ratio check would stop it first, so the graph carries it)."""
+    graph = json.loads((WORKFLOWS / "sd15_tome.json").read_text())
+    graph["2"]["inputs"]["ratio"] = 1.5
+    path = tmp_path / "out_of_range.json"
+    path.write_text(json.dumps(graph))
+    status = tome_client.main([str(path), "--server", server, "--out", str(tmp_path), *SMALL])
     err = capsys.readouterr().err
     assert status == tome_client.EXIT_REJECTED
     assert "ratio" in err and "HTTP 400" in err
