@@ -17,7 +17,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     echo "$wanted" > "$stamp"
 fi
 # tome/ and the test harness (tome_harness/), importable from the venv: editable, so edits need no reinstall.
-if ! .venv/bin/python -c "import tome_harness" 2> /dev/null; then
+# Checked in isolated mode (-I), where this folder is not on the path, and against this checkout.
+if ! .venv/bin/python -I -c 'import pathlib, sys, tome_harness
+sys.exit(pathlib.Path(tome_harness.__file__).resolve().parents[1] != pathlib.Path(sys.argv[1]).resolve())' "$PWD" \
+        2> /dev/null; then
     .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e . 2> >(grep -v "^WARNING: Location" >&2)
 fi
 
