@@ -52,6 +52,8 @@ LATENT_SCALE = 8  # SD's VAE maps 8x8 pixels to one latent: other sizes are sile
 HEARTBEAT_S = 30
 QUEUE_POLL_S = 0.5
 MAX_ATTEMPTS = 3  # a job that loses its worker this often may be what stops the workers: stop retrying it
+# What a worker that went away (or answers garbage, ValueError from the JSON) makes aiohttp raise.
+NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, ValueError)
 
 # Which node inputs each option sets.
 OPTION_TARGETS = {
@@ -475,7 +477,7 @@ async def run_job(session: aiohttp.ClientSession, worker: Worker, job: Job, args
         tome = await run_prompt(session, worker.url, job.graph, on_progress)
         baseline_images = await save_images(session, worker.url, baseline, out / "without_tome", stem)
         images = await save_images(session, worker.url, tome, out / "with_tome", stem)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as error:
+    except NETWORK_ERRORS as error:
         raise WorkerLost(f"{type(error).__name__}: {error}") from error
     if not (baseline_images and images):
         raise BadInput("--ab compares the images of the two runs, and the graph returned none: add a SaveImage "
@@ -565,7 +567,7 @@ async def wait_until_free(session: aiohttp.ClientSession, worker: Worker, dispat
     while not dispatcher.over.is_set():
         try:
             queue = await get_json(session, f"{worker.url}/queue", seconds=10)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, ValueError):
+        except NETWORK_ERRORS:
             down_since = down_since or time.monotonic()
             if time.monotonic() - down_since > patience:
                 progress.note(f"giving up on {worker.url}: no answer for {patience:.0f} s (--worker-patience)")
@@ -617,7 +619,7 @@ async def reachable(session: aiohttp.ClientSession, servers: list[str]) -> list[
         try:
             await get_json(session, f"{url}/queue", seconds=10)
             return True
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, ValueError):
+        except NETWORK_ERRORS:
             return False
 
     return [url for url, ok in zip(servers, await asyncio.gather(*map(answers, servers)), strict=True) if ok]
@@ -633,7 +635,11 @@ async def main_async(args) -> int:
         if not live:
             raise ClientError(f"cannot reach ComfyUI at {', '.join(servers)}: start it, or give its address "
                               "with --server", EXIT_UNREACHABLE)
-        node_defs = await get_json(session, f"{live[0]}/object_info", seconds=120)
+        try:
+            node_defs = await get_json(session, f"{live[0]}/object_info", seconds=120)
+        except NETWORK_ERRORS as error:
+            raise ClientError(f"cannot read the node list at {live[0]}/object_info ({error}): check that worker",
+                              EXIT_UNREACHABLE) from None
         graph = api_graph(data, args.workflow, node_defs)
         check_options(graph, args.workflow, args)
         check_ranges(graph, node_defs, args)
