@@ -8,10 +8,16 @@ how far the final latent moves from the unpatched run's, relative to its size.
 
 ``--hires PX_FIRST PX_SECOND STEPS``: the hires fix instead, where large images are made and ToMe saves the
 most: a first pass at PX_FIRST without ToMe, the latent upscaled to PX_SECOND, and a second pass of STEPS
-steps at denoise 0.5, the one timed, with no patch, the core node and Apply ToMe on that pass only.
+steps at denoise 0.5, the one timed, with no patch, the core node, Apply ToMe (default) and the README's fast
+setting on that pass only.
+
+``--repeats 0``: no warm-up run; the one run of each variant (the one that gives its latent) is timed. For
+second passes of minutes, where one run is all the machine can afford and the first pass has warmed up.
+``--attention``: ComfyUI's attention backend (default: ComfyUI's for the device).
 
     .venv/bin/python bench/sampler_bench.py --px 512 --steps 8 --reuse 2 4
     .venv/bin/python bench/sampler_bench.py --hires 512 1024 8 --steps 8
+    .venv/bin/python bench/sampler_bench.py --hires 512 2048 2 --steps 4 --repeats 0 --attention sdpa
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from unet_bench import FAST_SETTINGS  # the sibling script (bench/ is on the path: run as a script, and pytest)
 
 from tome.hosts.comfyui_unet import MERGE_QKV
 from tome_harness import comfyui as comfyui_host
-from tome_harness.comfyui import ROOT
+from tome_harness.comfyui import ATTENTION_CHOICES, ROOT
 
 HIRES_DENOISE = 0.5
 
@@ -43,7 +50,8 @@ class Setup(NamedTuple):
 
 def setup(args, nodes=None) -> Setup:
     """Boot ComfyUI unless ``nodes`` (its ``nodes`` module) says it is booted; build the model of ``args``."""
-    nodes = nodes or comfyui_host.boot_in_process(Path(tempfile.mkdtemp()) / "custom_nodes", cpu=True)
+    nodes = nodes or comfyui_host.boot_in_process(Path(tempfile.mkdtemp()) / "custom_nodes", cpu=True,
+                                                  attention=args.attention)
     from tome_harness import random_models
 
     unet_adapter = comfyui_host.pack_module("tome.hosts.comfyui_unet")
@@ -66,9 +74,14 @@ def sampler(s: Setup, steps: int, latent: dict, denoise: float = 1.0):
 
 def compare(variants: dict, sample, repeats: int) -> tuple[dict, dict]:
     """A warm-up run of each variant (its final latent), then ``repeats`` round-robin timed runs: the best
-    seconds and the distance from the ``none`` variant's latent, by variant."""
-    outputs = {name: sample(m) for name, m in variants.items()}
-    times = {name: [] for name in variants}
+    seconds and the distance from the ``none`` variant's latent, by variant. ``repeats`` 0: the warm-up run
+    is the one timed."""
+    outputs, times = {}, {name: [] for name in variants}
+    for name, m in variants.items():
+        start = time.perf_counter()
+        outputs[name] = sample(m)
+        if not repeats:
+            times[name].append(time.perf_counter() - start)
     for _ in range(repeats):
         for name, m in variants.items():
             start = time.perf_counter()
@@ -81,11 +94,13 @@ def compare(variants: dict, sample, repeats: int) -> tuple[dict, dict]:
 
 def rows_of(args, best: dict, distance: dict, px, steps: int, **extra) -> list[dict]:
     """The table's rows, one per variant, printed as they are made; ``extra`` goes into each."""
+    import comfy.ldm.modules.attention as attention
+
     rows = []
     for name in best:
         rows.append({"family": args.family, "px": px, "steps": steps, "ratio": args.ratio, "variant": name,
                      "seconds": best[name], "speed-up": best["none"] / best[name], "distance": distance[name],
-                     **extra})
+                     "attention": attention.optimized_attention.__name__, **extra})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -110,14 +125,17 @@ def run(args, nodes=None) -> list[dict]:
 def run_hires(args, s: Setup) -> list[dict]:
     """Hires fix: a first pass at ``PX_FIRST`` without ToMe (untimed), its latent upscaled by ComfyUI's
     ``LatentUpscale`` (nearest-exact) to ``PX_SECOND``, then the timed second pass (``STEPS`` steps, denoise
-    0.5) with no patch, the core node and Apply ToMe on that pass only."""
+    0.5) with no patch, the core node, Apply ToMe (default) and the fast setting on that pass only."""
     first_px, second_px, second_steps = args.hires
     first = sampler(s, args.steps, {"samples": torch.zeros(1, 4, first_px // 8, first_px // 8)})(s.model)
     (upscaled,) = s.nodes.LatentUpscale().upscale({"samples": first}, "nearest-exact", second_px, second_px,
                                                   "disabled")
     core = s.nodes.NODE_CLASS_MAPPINGS["TomePatchModel"].execute(s.model, ratio=args.ratio).result[0]
+    scope, max_downsample = FAST_SETTINGS[type(s.model.model.model_config).__name__]
     variants = {"none": s.model, "core": core,
-                "ours": s.unet_adapter.apply_tome(s.model, ratio=args.ratio, merge=MERGE_QKV)}
+                "ours": s.unet_adapter.apply_tome(s.model, ratio=args.ratio, merge=MERGE_QKV),
+                "fast": s.unet_adapter.apply_tome(s.model, ratio=args.ratio, merge=MERGE_QKV, scope=scope,
+                                                  max_downsample=str(max_downsample))}
     best, distance = compare(variants, sampler(s, second_steps, upscaled, denoise=HIRES_DENOISE), args.repeats)
     return rows_of(args, best, distance, second_px, second_steps, **{"first px": first_px,
                                                                     "first steps": args.steps,
@@ -146,7 +164,11 @@ def parse_args(argv=None):
     parser.add_argument("--channels", type=int, default=None,
                         help="narrow the U-Net to this many base channels (layout kept; smoke runs)")
     parser.add_argument("--context-dim", type=int, default=None, help="narrow the text context (smoke runs)")
-    parser.add_argument("--repeats", type=int, default=1, help="timed runs per variant; the minimum is kept")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="timed runs per variant after a warm-up run, the minimum kept; 0: the warm-up run "
+                             "is timed")
+    parser.add_argument("--attention", choices=ATTENTION_CHOICES, default=None,
+                        help="ComfyUI's attention backend (split, sub-quadratic, sdpa); default: ComfyUI's choice")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder for the results")
     return parser.parse_args(argv)
 

@@ -9,10 +9,13 @@ Variants, run round-robin in one process (minimum of ``--repeats``):
   ideal        self-attention on N - r tokens with merge and unmerge (almost) free: the limit
   fast         (only when named in ``--variants``) the README's fast setting: SD1.5 self+cross at
                max_downsample 2, SDXL scope all at max_downsample 4
+  ideal-fast   (only when named) the limit of the fast setting's max_downsample at scope all: every
+               transformer block there runs whole (attention, cross-attention, MLP) on the first N - r
+               tokens and passes the rest through; for SDXL, the fast setting with merge and unmerge free
   todo-F       Apply ToDo, keys and values pooled by F x F (nearest), for each F of ``--todo``; they do not
                depend on the ratio, so they run with the first ratio only (their rows have no ratio)
-  S-dsD        with ``--scope-grid``: Apply ToMe (q, k and v) with scope S (self, self+cross, all) at
-               max_downsample D, for each D of ``--max-downsample``
+  S-dsD        with ``--scope-grid``: Apply ToMe (q, k and v) with scope S (self, self+cross, all; or those
+               of ``--scopes``) at max_downsample D, for each D of ``--max-downsample``
 
 ``--variants`` picks among the fixed ones (none is always run); at 1024 px a full set takes long. Besides the
 time of a whole forward (and per image, with ``--batch``), each row has the seconds spent inside the attention
@@ -77,7 +80,7 @@ from tome_harness.comfyui import ATTENTION_CHOICES, ROOT
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FIXED_VARIANTS = ("core", "ours-qkv", "ours-q", "ours-kv", "ideal")
-OPTIONAL_VARIANTS = ("fast",)
+OPTIONAL_VARIANTS = ("fast", "ideal-fast")
 SCOPES = {"self": SCOPE_SELF, "self+cross": SCOPE_CROSS, "all": SCOPE_ALL}
 FAST_SETTINGS = {"SD15": (SCOPE_CROSS, 2), "SDXL": (SCOPE_ALL, 4)}  # by ComfyUI's model config class
 MEMORY_MODES = ("auto", "child", "in-process", "off")
@@ -107,8 +110,33 @@ def ideal_patches(ratio, max_downsample):
     return attn1, attn1_output
 
 
+def ideal_block_forwards(model, ratio, max_downsample):
+    """``{attribute path: forward}`` for every transformer block of ``model``: a forward that, at blocks of
+    downsample up to ``max_downsample``, runs the block on the first N - r tokens and passes the other r
+    through unchanged; the limit of scope all (attention, cross-attention and MLP on N - r tokens, merge and
+    unmerge free). For ``add_object_patch``: the patch sets each block's ``forward`` on the clone only."""
+    from comfy.ldm.modules.attention import BasicTransformerBlock
+
+    def reduced(block):
+        whole = type(block).forward.__get__(block)  # the class's, never an earlier patch's
+
+        def forward(x, context=None, transformer_options={}):  # noqa: B006 - ComfyUI's own signature
+            original_h, original_w = transformer_options["original_shape"][-2:]
+            n = x.shape[1]
+            if block_downsample(n, original_h, original_w) > max_downsample:
+                return whole(x, context=context, transformer_options=transformer_options)
+            kept = n - int(n * ratio)
+            out = whole(x[:, :kept], context=context, transformer_options=transformer_options)
+            return torch.cat([out, x[:, kept:]], dim=1)
+        return forward
+
+    blocks = model.model.diffusion_model.named_modules()
+    return {f"diffusion_model.{name}.forward": reduced(block) for name, block in blocks
+            if isinstance(block, BasicTransformerBlock)}
+
+
 def variant_makers(unet_adapter, core_cls, model, ratio, max_downsample, todo_factors=(), fixed=FIXED_VARIANTS,
-                   scope_downsamples=()):
+                   scope_downsamples=(), scopes=tuple(SCOPES)):
     """Like ``variants``, but each model still to be made: a child process makes only the one it measures."""
     def ours(mode, scope=SCOPE_SELF, downsample=max_downsample):
         return unet_adapter.apply_tome(model, ratio=ratio, max_downsample=str(downsample), merge=mode, scope=scope)
@@ -120,6 +148,13 @@ def variant_makers(unet_adapter, core_cls, model, ratio, max_downsample, todo_fa
         patched.set_model_attn1_output_patch(attn1_output)
         return patched
 
+    def ideal_fast():
+        patched = model.clone()
+        _, fast_downsample = FAST_SETTINGS[type(model.model.model_config).__name__]
+        for path, forward in ideal_block_forwards(model, ratio, fast_downsample).items():
+            patched.add_object_patch(path, forward)
+        return patched
+
     makers = {
         "core": lambda: core_cls.execute(model, ratio=ratio).result[0],
         "ours-qkv": lambda: ours(MERGE_QKV),
@@ -127,6 +162,7 @@ def variant_makers(unet_adapter, core_cls, model, ratio, max_downsample, todo_fa
         "ours-kv": lambda: ours(MERGE_KV),
         "ideal": ideal,
         "fast": lambda: ours(MERGE_QKV, *FAST_SETTINGS[type(model.model.model_config).__name__]),
+        "ideal-fast": ideal_fast,
     }
     return {
         "none": lambda: model,
@@ -135,7 +171,7 @@ def variant_makers(unet_adapter, core_cls, model, ratio, max_downsample, todo_fa
                                                              max_downsample=str(max_downsample))
            for f in todo_factors},
         **{f"{short}-ds{d}": lambda scope=scope, d=d: ours(MERGE_QKV, scope, d)
-           for d in scope_downsamples for short, scope in SCOPES.items()},
+           for d in scope_downsamples for short, scope in SCOPES.items() if short in scopes},
     }
 
 
@@ -331,11 +367,11 @@ def makers_for(bench: Bench, args, ratio, with_todo=True):
     """The variant makers that ``args`` asks for at ``ratio``."""
     return variant_makers(bench.unet_adapter, bench.core_cls, bench.model, ratio, bench.max_downsample,
                           args.todo if with_todo else (), args.variants,
-                          args.max_downsample if args.scope_grid else ())
+                          args.max_downsample if args.scope_grid else (), args.scopes)
 
 
 CHILD_ARGS = ("family", "dtype", "attention", "channels", "context_dim", "todo", "variants", "scope_grid",
-              "max_downsample")
+              "max_downsample", "scopes")
 
 
 def run_child(args, variant: str, px: int, batch: int, ratio: float, cap_mib: float | None = None) -> dict:
@@ -461,7 +497,8 @@ def memory_of(bench: Bench | None, args, names, models: dict | None, inputs: Inp
 def variant_names(args, with_todo=True) -> list[str]:
     """The names of the variants ``args`` asks for, in the order of ``variant_makers``."""
     return ["none", *args.variants, *(f"todo-{f}" for f in (args.todo if with_todo else ())),
-            *(f"{short}-ds{d}" for d in (args.max_downsample if args.scope_grid else ()) for short in SCOPES)]
+            *(f"{short}-ds{d}" for d in (args.max_downsample if args.scope_grid else ()) for short in SCOPES
+              if short in args.scopes)]
 
 
 def run(args, nodes=None) -> list[dict]:
@@ -616,6 +653,8 @@ def parse_args(argv=None):
     parser.add_argument("--scope-grid", action="store_true", help="Apply ToMe at every scope and max_downsample")
     parser.add_argument("--max-downsample", type=int, nargs="+", default=[1, 2, 4],
                         help="the max_downsample values of --scope-grid")
+    parser.add_argument("--scopes", nargs="+", choices=list(SCOPES), default=list(SCOPES),
+                        help="the scopes of --scope-grid (default: all three)")
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
     parser.add_argument("--attention", choices=ATTENTION_CHOICES, default=None,
                         help="ComfyUI's attention backend: split (--use-split-cross-attention), sub-quadratic "

@@ -6,7 +6,16 @@ import subprocess
 
 import pytest
 import torch
-from helpers import forward, self_attention_calls
+from helpers import (
+    expected_tokens,
+    forward,
+    loaded,
+    random_context,
+    random_latent,
+    sdxl_conds,
+    self_attention_calls,
+    token_counts,
+)
 
 from tome_harness import random_models
 from tome_harness.comfyui import ROOT
@@ -97,6 +106,28 @@ def test_unet_bench_fast_variant_is_the_readme_setting(comfy_nodes, pack, sd15, 
             same.model_options["transformer_options"]["patches"]["attn1_patch"][0].settings
 
 
+def test_ideal_fast_runs_every_block_of_the_fast_setting_on_n_minus_r_tokens(comfy_nodes, pack, sd15, sdxl):
+    bench = _load("unet_bench")
+    core_cls = comfy_nodes.NODE_CLASS_MAPPINGS["TomePatchModel"]
+    x, context = random_latent(1, 16, 16), random_context(1)
+    # a 16 x 16 latent: 256 / d^2 tokens at downsample d; the fast setting reaches 2 (SD1.5) and 4 (SDXL)
+    for model, conds, halved, whole in ((sd15, {}, [256, 64], [16, 4]), (sdxl, sdxl_conds(1), [64, 16], [])):
+        models = bench.variants(pack.unet, core_cls, model, 0.5, 1, fixed=("fast", "ideal-fast"))
+        before = forward(model, x, 5.0, context, **conds)
+        seen = {}
+        for name in ("fast", "ideal-fast"):
+            with loaded(models[name]), self_attention_calls(models[name]) as attn1, \
+                    token_counts(models[name], ".ff.net") as ff:
+                out = forward(models[name], x, 5.0, context, **conds)
+            assert out.shape == x.shape and not torch.equal(out, before)
+            seen[name] = [c.queries for c in attn1], [n for _, n in ff]
+        queries, ff_tokens = seen["ideal-fast"]
+        assert set(queries) == set(ff_tokens) == {expected_tokens(n, 0.5) for n in halved} | set(whole)
+        if model is sdxl:  # there the fast setting is scope all: the same token counts, merge and unmerge free
+            assert seen["fast"] == seen["ideal-fast"]
+        assert torch.equal(forward(model, x, 5.0, context, **conds), before)  # unloaded: every block whole again
+
+
 def test_unet_bench_batches_give_seconds_per_image(comfy_nodes):
     bench = _load("unet_bench")
     args = _tiny_args(bench, "--px", "64", "--batch", "1", "2", "--variants", "ours-qkv", "--todo", "--repeats", "1",
@@ -152,8 +183,10 @@ def test_gpu_table_smoke_runs_on_the_cpu(tmp_path):
 
 def test_sampler_bench_hires_times_the_second_pass(comfy_nodes):
     bench = _load("sampler_bench")
-    args = bench.parse_args(["--hires", "64", "128", "2", "--steps", "2", "--channels", "32", "--context-dim", "32"])
+    args = bench.parse_args(["--hires", "64", "128", "2", "--steps", "2", "--channels", "32", "--context-dim", "32",
+                             "--repeats", "0"])
     rows = bench.run(args, comfy_nodes)
-    assert [r["variant"] for r in rows] == ["none", "core", "ours"]
+    assert all(r["seconds"] > 0 for r in rows)
+    assert [r["variant"] for r in rows] == ["none", "core", "ours", "fast"]
     assert all(r["px"] == 128 and r["first px"] == 64 and r["steps"] == 2 and r["denoise"] == 0.5 for r in rows)
     assert "64 -> 128" in bench.markdown(rows)
