@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from unet_bench import FAST_SETTINGS  # the sibling script (bench/ is on the path: run as a script, and pytest)
+from unet_bench import fast_setting  # the sibling script (bench/ is on the path: run as a script, and pytest)
 
 from tome.hosts.comfyui_unet import MERGE_QKV
 from tome_harness import comfyui as comfyui_host
@@ -131,7 +131,7 @@ def run_hires(args, s: Setup) -> list[dict]:
     (upscaled,) = s.nodes.LatentUpscale().upscale({"samples": first}, "nearest-exact", second_px, second_px,
                                                   "disabled")
     core = s.nodes.NODE_CLASS_MAPPINGS["TomePatchModel"].execute(s.model, ratio=args.ratio).result[0]
-    scope, max_downsample = FAST_SETTINGS[type(s.model.model.model_config).__name__]
+    scope, max_downsample = fast_setting(s.model)
     variants = {"none": s.model, "core": core,
                 "ours": s.unet_adapter.apply_tome(s.model, ratio=args.ratio, merge=MERGE_QKV),
                 "fast": s.unet_adapter.apply_tome(s.model, ratio=args.ratio, merge=MERGE_QKV, scope=scope,

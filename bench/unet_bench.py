@@ -110,6 +110,11 @@ def ideal_patches(ratio, max_downsample):
     return attn1, attn1_output
 
 
+def fast_setting(model) -> tuple[str, int]:
+    """The README's fast setting for ``model``'s family: (scope, max_downsample)."""
+    return FAST_SETTINGS[type(model.model.model_config).__name__]
+
+
 def ideal_block_forwards(model, ratio, max_downsample):
     """``{attribute path: forward}`` for every transformer block of ``model``: a forward that, at blocks of
     downsample up to ``max_downsample``, runs the block on the first N - r tokens and passes the other r
@@ -150,7 +155,7 @@ def variant_makers(unet_adapter, core_cls, model, ratio, max_downsample, todo_fa
 
     def ideal_fast():
         patched = model.clone()
-        _, fast_downsample = FAST_SETTINGS[type(model.model.model_config).__name__]
+        _, fast_downsample = fast_setting(model)
         for path, forward in ideal_block_forwards(model, ratio, fast_downsample).items():
             patched.add_object_patch(path, forward)
         return patched
@@ -161,7 +166,7 @@ def variant_makers(unet_adapter, core_cls, model, ratio, max_downsample, todo_fa
         "ours-q": lambda: ours(MERGE_Q),
         "ours-kv": lambda: ours(MERGE_KV),
         "ideal": ideal,
-        "fast": lambda: ours(MERGE_QKV, *FAST_SETTINGS[type(model.model.model_config).__name__]),
+        "fast": lambda: ours(MERGE_QKV, *fast_setting(model)),
         "ideal-fast": ideal_fast,
     }
     return {

@@ -107,18 +107,6 @@ def test_a_worker_stopped_mid_batch_has_its_job_done_by_the_other(server, checkp
     assert len(requeued) == 1 and requeued[0]["server"] == server
 
 
-def test_a_graph_the_server_rejects_exits_3_naming_the_input_and_the_server_keeps_serving(server, tmp_path, capsys):
-    graph = json.loads(API.read_text())
-    graph["2"]["inputs"]["ratio"] = 1.5  # set in the file, so only the server's validation sees it
-    path = tmp_path / "rejected.json"
-    path.write_text(json.dumps(graph))
-    status = tome_client.main([str(path), "--server", server, "--out", str(tmp_path), *SMALL])
-    err = capsys.readouterr().err
-    assert status == tome_client.EXIT_REJECTED
-    assert "ratio" in err and "HTTP 400" in err
-    assert tome_client.main([str(API), "--server", server, "--out", str(tmp_path), *SMALL]) == 0, "still serving"
-
-
 def _bad_files(tmp_path):
     (tmp_path / "broken.json").write_text('{"1": {"class_type": ')
     (tmp_path / "list.json").write_text("[1, 2]")
