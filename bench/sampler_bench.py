@@ -9,7 +9,7 @@ how far the final latent moves from the unpatched run's, relative to its size.
 ``--hires PX_FIRST PX_SECOND STEPS``: the hires fix instead, where large images are made and ToMe saves the
 most: a first pass at PX_FIRST without ToMe, the latent upscaled to PX_SECOND, and a second pass of STEPS
 steps at denoise 0.5, the one timed, with no patch, the core node, Apply ToMe (default) and the README's fast
-setting on that pass only.
+setting on that pass only (``--variants`` picks among the last three).
 
 ``--repeats 0``: no warm-up run; the one run of each variant (the one that gives its latent) is timed. For
 second passes of minutes, where one run is all the machine can afford and the first pass has warmed up.
@@ -18,6 +18,8 @@ second passes of minutes, where one run is all the machine can afford and the fi
     .venv/bin/python bench/sampler_bench.py --px 512 --steps 8 --reuse 2 4
     .venv/bin/python bench/sampler_bench.py --hires 512 1024 8 --steps 8
     .venv/bin/python bench/sampler_bench.py --hires 512 2048 2 --steps 4 --repeats 0 --attention sdpa
+    .venv/bin/python bench/sampler_bench.py --family sdxl --hires 1024 2048 1 --steps 1 --variants ours fast \
+        --repeats 0 --attention sdpa
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from tome_harness import comfyui as comfyui_host
 from tome_harness.comfyui import ATTENTION_CHOICES, ROOT
 
 HIRES_DENOISE = 0.5
+HIRES_VARIANTS = ("core", "ours", "fast")  # beside "none", which always runs: the speed-ups are against it
 
 
 class Setup(NamedTuple):
@@ -125,17 +128,19 @@ def run(args, nodes=None) -> list[dict]:
 def run_hires(args, s: Setup) -> list[dict]:
     """Hires fix: a first pass at ``PX_FIRST`` without ToMe (untimed), its latent upscaled by ComfyUI's
     ``LatentUpscale`` (nearest-exact) to ``PX_SECOND``, then the timed second pass (``STEPS`` steps, denoise
-    0.5) with no patch, the core node, Apply ToMe (default) and the fast setting on that pass only."""
+    0.5) with no patch and, of the core node, Apply ToMe (default) and the fast setting, those in
+    ``--variants``, on that pass only."""
     first_px, second_px, second_steps = args.hires
     first = sampler(s, args.steps, {"samples": torch.zeros(1, 4, first_px // 8, first_px // 8)})(s.model)
     (upscaled,) = s.nodes.LatentUpscale().upscale({"samples": first}, "nearest-exact", second_px, second_px,
                                                   "disabled")
-    core = s.nodes.NODE_CLASS_MAPPINGS["TomePatchModel"].execute(s.model, ratio=args.ratio).result[0]
     scope, max_downsample = fast_setting(s.model)
-    variants = {"none": s.model, "core": core,
-                "ours": s.unet_adapter.apply_tome(s.model, ratio=args.ratio, merge=MERGE_QKV),
-                "fast": s.unet_adapter.apply_tome(s.model, ratio=args.ratio, merge=MERGE_QKV, scope=scope,
-                                                  max_downsample=str(max_downsample))}
+    makers = {"core": lambda: s.nodes.NODE_CLASS_MAPPINGS["TomePatchModel"].execute(s.model,
+                                                                                    ratio=args.ratio).result[0],
+              "ours": lambda: s.unet_adapter.apply_tome(s.model, ratio=args.ratio, merge=MERGE_QKV),
+              "fast": lambda: s.unet_adapter.apply_tome(s.model, ratio=args.ratio, merge=MERGE_QKV, scope=scope,
+                                                        max_downsample=str(max_downsample))}
+    variants = {"none": s.model, **{name: makers[name]() for name in HIRES_VARIANTS if name in args.variants}}
     best, distance = compare(variants, sampler(s, second_steps, upscaled, denoise=HIRES_DENOISE), args.repeats)
     return rows_of(args, best, distance, second_px, second_steps, **{"first px": first_px,
                                                                     "first steps": args.steps,
@@ -161,6 +166,9 @@ def parse_args(argv=None):
     parser.add_argument("--hires", type=int, nargs=3, metavar=("PX_FIRST", "PX_SECOND", "STEPS"),
                         help="hires fix instead: a first pass at PX_FIRST without ToMe, the latent upscaled to "
                              "PX_SECOND, a timed second pass of STEPS steps (denoise 0.5) per variant")
+    parser.add_argument("--variants", nargs="+", choices=HIRES_VARIANTS, default=list(HIRES_VARIANTS),
+                        help="with --hires: the variants run beside no patch (default: all; the core node "
+                             "merges nothing on SDXL, so an SDXL run may leave it out)")
     parser.add_argument("--channels", type=int, default=None,
                         help="narrow the U-Net to this many base channels (layout kept; smoke runs)")
     parser.add_argument("--context-dim", type=int, default=None, help="narrow the text context (smoke runs)")
@@ -170,7 +178,10 @@ def parse_args(argv=None):
     parser.add_argument("--attention", choices=ATTENTION_CHOICES, default=None,
                         help="ComfyUI's attention backend (split, sub-quadratic, sdpa); default: ComfyUI's choice")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder for the results")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.variants != list(HIRES_VARIANTS) and not args.hires:
+        parser.error("--variants picks the hires pass's variants: give it with --hires")
+    return args
 
 
 def main() -> None:

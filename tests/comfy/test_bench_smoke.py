@@ -190,3 +190,18 @@ def test_sampler_bench_hires_times_the_second_pass(comfy_nodes):
     assert [r["variant"] for r in rows] == ["none", "core", "ours", "fast"]
     assert all(r["px"] == 128 and r["first px"] == 64 and r["steps"] == 2 and r["denoise"] == 0.5 for r in rows)
     assert "64 -> 128" in bench.markdown(rows)
+
+
+def test_sampler_bench_hires_runs_only_the_variants_asked_for(comfy_nodes):
+    bench = _load("sampler_bench")
+    args = bench.parse_args(["--hires", "64", "128", "1", "--steps", "1", "--channels", "32", "--context-dim", "32",
+                             "--repeats", "0", "--variants", "fast"])
+    assert [r["variant"] for r in bench.run(args, comfy_nodes)] == ["none", "fast"]
+
+
+def test_sampler_bench_variants_needs_hires(capsys):
+    bench = _load("sampler_bench")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--variants", "ours"])
+    err = capsys.readouterr().err
+    assert "--variants" in err and "--hires" in err
