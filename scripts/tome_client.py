@@ -50,6 +50,11 @@ LATENT_SCALE = 8  # SD's VAE maps 8x8 pixels to one latent: other sizes are sile
 # The websocket pings every HEARTBEAT_S and drops a worker that does not answer within half of it; ComfyUI
 # answers from its event loop, which stays free while the sampler runs in its own thread.
 HEARTBEAT_S = 30
+# The longest a worker may stay silent inside an answer to a request (queueing a graph, the websocket's
+# handshake, an image's bytes): past it the worker counts as lost. A frozen worker still accepts connections
+# (the kernel does), so only this notices one that freezes between requests. No total timeout: a prompt's run
+# has no bound, and its websocket is watched by the heartbeat instead (aiohttp lifts this read timeout there).
+ANSWER_S = 60
 QUEUE_POLL_S = 0.5
 MAX_ATTEMPTS = 3  # a job that loses its worker this often may be what stops the workers: stop retrying it
 # What a worker that went away (or answers garbage, ValueError from the JSON) makes aiohttp raise.
@@ -629,7 +634,7 @@ async def main_async(args) -> int:
     data = load_workflow(args.workflow)
     prompts = read_prompts(args.prompts) if args.prompts else None
     servers = list(dict.fromkeys(args.server or [DEFAULT_SERVER]))
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=ANSWER_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         live = await reachable(session, servers)
         if not live:

@@ -49,6 +49,13 @@ def wait_until_ready(url: str, process: subprocess.Popen, log: Path, timeout: fl
 @contextlib.contextmanager
 def running_server(workdir: Path, checkpoints: Path, extra_args: tuple[str, ...] = (), timeout: float = 180):
     """Yield the base URL of a ComfyUI server on a free loopback port; always stops it."""
+    with server_process(workdir, checkpoints, extra_args, timeout) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def server_process(workdir: Path, checkpoints: Path, extra_args: tuple[str, ...] = (), timeout: float = 180):
+    """``running_server``, yielding its process beside the URL: for a test that freezes or kills the worker."""
     (workdir / "user").mkdir(parents=True, exist_ok=True)
     port = free_port()
     command = [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
@@ -64,7 +71,7 @@ def running_server(workdir: Path, checkpoints: Path, extra_args: tuple[str, ...]
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_ready(url, process, log, timeout)
-        yield url
+        yield url, process
     finally:
         process.terminate()
         try:

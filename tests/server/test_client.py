@@ -1,7 +1,9 @@
-"""The client as a service uses it: batches over two real workers, a worker lost mid-batch, resuming, and
-bad input ending in one line and its exit status."""
+"""The client as a service uses it: batches over two real workers, a worker lost or frozen mid-batch,
+resuming, and bad input ending in one line and its exit status."""
 
 import json
+import os
+import signal
 import threading
 import time
 import urllib.request
@@ -10,7 +12,7 @@ import pytest
 import tome_client
 
 from tome_harness.comfyui import ROOT
-from tome_harness.server import free_port, running_server
+from tome_harness.server import free_port, running_server, server_process
 
 WORKFLOWS = ROOT / "workflows"
 API = WORKFLOWS / "api" / "sd15_tome.json"
@@ -79,30 +81,66 @@ def test_ab_runs_per_job_and_records_both_times(server, tmp_path, capsys):
         assert record["images"][0].startswith("with_tome/")
 
 
+def _start_client(command: list[str]) -> tuple[threading.Thread, dict]:
+    """The client run in a thread; its exit status lands in the dict under "status"."""
+    result = {}
+    client = threading.Thread(target=lambda: result.setdefault("status", tome_client.main(command)))
+    client.start()
+    return client, result
+
+
+def _wait_for_second_job(out, url):
+    """Until the worker at ``url`` runs its second job: the first (model loading) shows it works, the second
+    is the one a test loses."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        manifest = out / tome_client.MANIFEST
+        done_there = manifest.exists() and any(r["server"] == url for r in _manifest(out))
+        if done_there and _get_json(f"{url}/queue")["queue_running"]:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"the worker at {url} never started a second job")
+
+
 def test_a_worker_stopped_mid_batch_has_its_job_done_by_the_other(server, checkpoint, tmp_path_factory, capsys):
     out = tmp_path_factory.mktemp("out")
     seeds = range(1, 7)
-    result = {}
     with running_server(tmp_path_factory.mktemp("doomed"), CHECKPOINTS) as doomed:
-        command = [str(API), "--server", server, "--server", doomed, "--out", str(out),
-                   "--seeds", f"{seeds[0]}-{seeds[-1]}", "--width", "64", "--height", "64", "--steps", "4"]
-        client = threading.Thread(target=lambda: result.setdefault("status", tome_client.main(command)))
-        client.start()
-        # Stop it while it runs its second job: the first (model loading) shows it works, the second is lost.
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            manifest = out / tome_client.MANIFEST
-            done_there = manifest.exists() and any(r["server"] == doomed for r in _manifest(out))
-            if done_there and _get_json(f"{doomed}/queue")["queue_running"]:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the second worker never started a second job")
+        client, result = _start_client([str(API), "--server", server, "--server", doomed, "--out", str(out),
+                                        "--seeds", f"{seeds[0]}-{seeds[-1]}", "--width", "64", "--height", "64",
+                                        "--steps", "4"])
+        _wait_for_second_job(out, doomed)
     client.join(timeout=300)
     assert result.get("status") == 0, capsys.readouterr().err
     records = _assert_complete(out, seeds)
     err = capsys.readouterr().err
     assert f"{doomed} stopped answering" in err and "goes back to the queue" in err
+    requeued = [record for record in records if record["attempts"] == 2]
+    assert len(requeued) == 1 and requeued[0]["server"] == server
+
+
+def test_a_worker_frozen_mid_job_is_dropped_and_its_job_done_by_the_other(server, checkpoint, tmp_path_factory,
+                                                                          capsys, monkeypatch):
+    # A frozen worker (its process stopped, as a hung machine or a swapping one) keeps its sockets open and
+    # answers nothing: no connection error ever comes, only the websocket's heartbeat notices. A shorter
+    # heartbeat than the client's 30 s keeps the test short; a pong still has 5 s on a busy CI machine.
+    monkeypatch.setattr(tome_client, "HEARTBEAT_S", 10)
+    out = tmp_path_factory.mktemp("out")
+    seeds = range(1, 7)
+    with server_process(tmp_path_factory.mktemp("frozen"), CHECKPOINTS) as (frozen, process):
+        client, result = _start_client([str(API), "--server", server, "--server", frozen, "--out", str(out),
+                                        "--seeds", f"{seeds[0]}-{seeds[-1]}", "--width", "64", "--height", "64",
+                                        "--steps", "4"])
+        _wait_for_second_job(out, frozen)
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            client.join(timeout=300)
+        finally:
+            os.kill(process.pid, signal.SIGCONT)  # so that it stops when asked
+    assert result.get("status") == 0, capsys.readouterr().err
+    records = _assert_complete(out, seeds)
+    err = capsys.readouterr().err
+    assert f"{frozen} stopped answering" in err and "goes back to the queue" in err
     requeued = [record for record in records if record["attempts"] == 2]
     assert len(requeued) == 1 and requeued[0]["server"] == server
 
