@@ -140,7 +140,8 @@ def run_hires(args, s: Setup) -> list[dict]:
               "ours": lambda: s.unet_adapter.apply_tome(s.model, ratio=args.ratio, merge=MERGE_QKV),
               "fast": lambda: s.unet_adapter.apply_tome(s.model, ratio=args.ratio, merge=MERGE_QKV, scope=scope,
                                                         max_downsample=str(max_downsample))}
-    variants = {"none": s.model, **{name: makers[name]() for name in HIRES_VARIANTS if name in args.variants}}
+    chosen = args.variants or HIRES_VARIANTS
+    variants = {"none": s.model, **{name: makers[name]() for name in HIRES_VARIANTS if name in chosen}}
     best, distance = compare(variants, sampler(s, second_steps, upscaled, denoise=HIRES_DENOISE), args.repeats)
     return rows_of(args, best, distance, second_px, second_steps, **{"first px": first_px,
                                                                     "first steps": args.steps,
@@ -166,7 +167,7 @@ def parse_args(argv=None):
     parser.add_argument("--hires", type=int, nargs=3, metavar=("PX_FIRST", "PX_SECOND", "STEPS"),
                         help="hires fix instead: a first pass at PX_FIRST without ToMe, the latent upscaled to "
                              "PX_SECOND, a timed second pass of STEPS steps (denoise 0.5) per variant")
-    parser.add_argument("--variants", nargs="+", choices=HIRES_VARIANTS, default=list(HIRES_VARIANTS),
+    parser.add_argument("--variants", nargs="+", choices=HIRES_VARIANTS, default=None,
                         help="with --hires: the variants run beside no patch (default: all; the core node "
                              "merges nothing on SDXL, so an SDXL run may leave it out)")
     parser.add_argument("--channels", type=int, default=None,
@@ -179,7 +180,7 @@ def parse_args(argv=None):
                         help="ComfyUI's attention backend (split, sub-quadratic, sdpa); default: ComfyUI's choice")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder for the results")
     args = parser.parse_args(argv)
-    if args.variants != list(HIRES_VARIANTS) and not args.hires:
+    if args.variants is not None and not args.hires:
         parser.error("--variants picks the hires pass's variants: give it with --hires")
     return args
 

@@ -81,8 +81,14 @@ def test_ab_runs_per_job_and_records_both_times(server, tmp_path, capsys):
         assert record["images"][0].startswith("with_tome/")
 
 
-def _start_client(command: list[str]) -> tuple[threading.Thread, dict]:
-    """The client run in a thread; its exit status lands in the dict under "status"."""
+LOSS_SEEDS = range(1, 7)  # six jobs over two workers: the lost worker has done one and runs another
+
+
+def _start_batch(out, server, lost) -> tuple[threading.Thread, dict]:
+    """The client run in a thread over ``server`` and ``lost``; its exit status lands in the dict under
+    "status"."""
+    command = [str(API), "--server", server, "--server", lost, "--out", str(out),
+               "--seeds", f"{LOSS_SEEDS[0]}-{LOSS_SEEDS[-1]}", "--width", "64", "--height", "64", "--steps", "4"]
     result = {}
     client = threading.Thread(target=lambda: result.setdefault("status", tome_client.main(command)))
     client.start()
@@ -102,21 +108,23 @@ def _wait_for_second_job(out, url):
     pytest.fail(f"the worker at {url} never started a second job")
 
 
-def test_a_worker_stopped_mid_batch_has_its_job_done_by_the_other(server, checkpoint, tmp_path_factory, capsys):
-    out = tmp_path_factory.mktemp("out")
-    seeds = range(1, 7)
-    with running_server(tmp_path_factory.mktemp("doomed"), CHECKPOINTS) as doomed:
-        client, result = _start_client([str(API), "--server", server, "--server", doomed, "--out", str(out),
-                                        "--seeds", f"{seeds[0]}-{seeds[-1]}", "--width", "64", "--height", "64",
-                                        "--steps", "4"])
-        _wait_for_second_job(out, doomed)
-    client.join(timeout=300)
+def _assert_lost_job_done_by(server, lost, out, result, capsys):
+    """The batch ended well, every seed done once, and the one job lost with ``lost`` done by ``server``."""
     assert result.get("status") == 0, capsys.readouterr().err
-    records = _assert_complete(out, seeds)
+    records = _assert_complete(out, LOSS_SEEDS)
     err = capsys.readouterr().err
-    assert f"{doomed} stopped answering" in err and "goes back to the queue" in err
+    assert f"{lost} stopped answering" in err and "goes back to the queue" in err
     requeued = [record for record in records if record["attempts"] == 2]
     assert len(requeued) == 1 and requeued[0]["server"] == server
+
+
+def test_a_worker_stopped_mid_batch_has_its_job_done_by_the_other(server, checkpoint, tmp_path_factory, capsys):
+    out = tmp_path_factory.mktemp("out")
+    with running_server(tmp_path_factory.mktemp("doomed"), CHECKPOINTS) as doomed:
+        client, result = _start_batch(out, server, doomed)
+        _wait_for_second_job(out, doomed)
+    client.join(timeout=300)
+    _assert_lost_job_done_by(server, doomed, out, result, capsys)
 
 
 def test_a_worker_frozen_mid_job_is_dropped_and_its_job_done_by_the_other(server, checkpoint, tmp_path_factory,
@@ -126,23 +134,15 @@ def test_a_worker_frozen_mid_job_is_dropped_and_its_job_done_by_the_other(server
     # heartbeat than the client's 30 s keeps the test short; a pong still has 5 s on a busy CI machine.
     monkeypatch.setattr(tome_client, "HEARTBEAT_S", 10)
     out = tmp_path_factory.mktemp("out")
-    seeds = range(1, 7)
     with server_process(tmp_path_factory.mktemp("frozen"), CHECKPOINTS) as (frozen, process):
-        client, result = _start_client([str(API), "--server", server, "--server", frozen, "--out", str(out),
-                                        "--seeds", f"{seeds[0]}-{seeds[-1]}", "--width", "64", "--height", "64",
-                                        "--steps", "4"])
+        client, result = _start_batch(out, server, frozen)
         _wait_for_second_job(out, frozen)
         os.kill(process.pid, signal.SIGSTOP)
         try:
             client.join(timeout=300)
         finally:
             os.kill(process.pid, signal.SIGCONT)  # so that it stops when asked
-    assert result.get("status") == 0, capsys.readouterr().err
-    records = _assert_complete(out, seeds)
-    err = capsys.readouterr().err
-    assert f"{frozen} stopped answering" in err and "goes back to the queue" in err
-    requeued = [record for record in records if record["attempts"] == 2]
-    assert len(requeued) == 1 and requeued[0]["server"] == server
+    _assert_lost_job_done_by(server, frozen, out, result, capsys)
 
 
 def _bad_files(tmp_path):
