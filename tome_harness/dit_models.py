@@ -4,7 +4,8 @@ Each builder takes ComfyUI's model configuration of the family (as
 ``comfy/model_detection.py`` reads it from a checkpoint) and narrows the
 width and depth, keeping the token order and the attention calls: joint text
 and image attention, SD3.5's image-only second attention, Wan's self- and
-cross-attention, Lumina 2's refiners. Needs ComfyUI on ``sys.path``.
+cross-attention, Lumina 2's refiners, HunyuanVideo's token refiner, VACE's
+control blocks, Chroma Radiance's pixel patches. Needs ComfyUI on ``sys.path``.
 """
 
 from __future__ import annotations
@@ -53,8 +54,88 @@ DIT_CONFIGS = {
         "axes_dims": [32, 48, 48], "axes_lens": [300, 64, 64], "rope_theta": 256.0, "ffn_dim_multiplier": 2.0,
         "z_image_modulation": True, "time_scale": 1000.0, "pad_tokens_multiple": 8,
     }),
+    "hunyuan_video": ("HunyuanVideo", {
+        "image_model": "hunyuan_video", "in_channels": 16, "out_channels": 16, "patch_size": [1, 2, 2],
+        "vec_in_dim": CONTEXT_DIM, "context_in_dim": CONTEXT_DIM, "hidden_size": 64, "mlp_ratio": 2.0, "num_heads": 2,
+        "depth": 1, "depth_single_blocks": 1, "axes_dim": [8, 12, 12], "theta": 256, "qkv_bias": True,
+        "guidance_embed": True, "byt5": False, "meanflow": False, "use_cond_type_embedding": False,
+        "vision_in_dim": None,
+    }),
+    # 1.5: ByT5 glyph tokens (their mapper's input width is fixed at 1472) and CLIP vision tokens join the text;
+    # its latent has 32 channels, and the I2V image and its mask enter as channels (32 + 32 + 1).
+    "hunyuan_video15": ("HunyuanVideo15", {
+        "image_model": "hunyuan_video", "in_channels": 65, "out_channels": 32, "patch_size": [1, 2, 2],
+        "vec_in_dim": None, "context_in_dim": CONTEXT_DIM, "hidden_size": 64, "mlp_ratio": 2.0, "num_heads": 2,
+        "depth": 1, "depth_single_blocks": 1, "axes_dim": [8, 12, 12], "theta": 256, "qkv_bias": True,
+        "guidance_embed": False, "byt5": True, "meanflow": False, "use_cond_type_embedding": True,
+        "vision_in_dim": CONTEXT_DIM,
+    }),
+    "ltxv": ("LTXV", {  # one latent pixel per token (patch 1x1x1), 128 latent channels
+        "image_model": "ltxv", "in_channels": 128, "cross_attention_dim": 64, "attention_head_dim": 32,
+        "num_attention_heads": 2, "caption_channels": CONTEXT_DIM, "num_layers": 2,
+    }),
+    # Wan 2.2 TI2V-5B: 48 latent channels (its VAE compresses 16x16 spatially), the same 1x2x2 patches.
+    "wan22_5b": ("WAN22_T2V", {"image_model": "wan2.1", "model_type": "t2v", "dim": 64, "out_dim": 48, "num_heads": 2, "ffn_dim": 128,
+        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
+        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 48, "text_dim": CONTEXT_DIM,
+    }),
+    # Wan 2.1 image-to-video: the image enters as channels; CLIP vision tokens are a second cross-attention.
+    "wan21_i2v": ("WAN21_I2V", {"image_model": "wan2.1", "model_type": "i2v", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
+        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
+        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 36, "text_dim": CONTEXT_DIM,
+    }),
+    # VACE: control blocks run self-attention on the control video's tokens, as many as the video's.
+    "wan21_vace": ("WAN21_Vace", {"image_model": "wan2.1", "model_type": "vace", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
+        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
+        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16, "text_dim": CONTEXT_DIM,
+        "vace_layers": 1, "vace_in_dim": 96,
+    }),
+    "cosmos_predict2": ("CosmosT2IPredict2", {
+        "image_model": "cosmos_predict2", "max_img_h": 240, "max_img_w": 240, "max_frames": 128, "in_channels": 16,
+        "out_channels": 16, "patch_spatial": 2, "patch_temporal": 1, "model_channels": 64,
+        "concat_padding_mask": True, "crossattn_emb_channels": CONTEXT_DIM, "pos_emb_cls": "rope3d",
+        "pos_emb_learnable": True, "pos_emb_interpolation": "crop", "min_fps": 1, "max_fps": 30,
+        "use_adaln_lora": True, "adaln_lora_dim": 16, "num_blocks": 2, "num_heads": 2,
+        "extra_per_block_abs_pos_emb": False, "rope_h_extrapolation_ratio": 1.0, "rope_w_extrapolation_ratio": 1.0,
+        "rope_t_extrapolation_ratio": 1.0,
+    }),
+    # Flux 2: 128 latent channels, 1x1 patches, four RoPE axes, modulation shared by all blocks.
+    "flux2": ("Flux2", {
+        "image_model": "flux2", "in_channels": 128, "patch_size": 1, "out_channels": 128, "vec_in_dim": None,
+        "context_in_dim": CONTEXT_DIM, "hidden_size": 64, "mlp_ratio": 2.0, "num_heads": 2, "depth": 1,
+        "depth_single_blocks": 1, "axes_dim": [8, 8, 8, 8], "theta": 2000, "qkv_bias": False, "guidance_embed": True,
+        "global_modulation": True, "mlp_silu_act": True, "ops_bias": False, "default_ref_method": "index",
+        "ref_index_scale": 10.0,
+    }),
+    # Chroma: Flux without the pooled vector (its modulation comes from a small approximator network); its
+    # channel counts are those of 2x2 patches of the 16-channel latent.
+    "chroma": ("Chroma", {
+        "image_model": "chroma", "in_channels": 64, "out_channels": 64, "patch_size": 2, "context_in_dim": CONTEXT_DIM,
+        "hidden_size": 64, "mlp_ratio": 2.0, "num_heads": 2, "depth": 1, "depth_single_blocks": 1,
+        "axes_dim": [8, 12, 12], "theta": 10000, "qkv_bias": True, "in_dim": 64, "out_dim": 64, "hidden_dim": 64,
+        "n_layers": 1,
+    }),
+    # Chroma Radiance: pixels in, 16x16 patches, a small per-patch NeRF head out.
+    "chroma_radiance": ("ChromaRadiance", {
+        "image_model": "chroma_radiance", "in_channels": 3, "out_channels": 3, "patch_size": 16,
+        "context_in_dim": CONTEXT_DIM, "hidden_size": 64, "mlp_ratio": 2.0, "num_heads": 2, "depth": 1,
+        "depth_single_blocks": 1, "axes_dim": [8, 12, 12], "theta": 10000, "qkv_bias": True, "in_dim": 64,
+        "out_dim": 64, "hidden_dim": 64, "n_layers": 1, "nerf_hidden_size": 16, "nerf_mlp_ratio": 2, "nerf_depth": 1,
+        "nerf_max_freqs": 8, "nerf_tile_size": 512, "nerf_final_head_type": "linear",
+        "nerf_embedder_dtype": torch.float32,
+    }),
+    # HiDream: T5 and LLM text (one LLM layer per block, picked by llama_layers), mixture-of-experts MLPs.
+    "hidream": ("HiDream", {
+        "image_model": "hidream", "attention_head_dim": 32, "axes_dims_rope": [16, 8, 8],
+        "caption_channels": [CONTEXT_DIM, CONTEXT_DIM], "max_resolution": [128, 128], "in_channels": 16,
+        "llama_layers": [0, 1], "num_attention_heads": 2, "num_routed_experts": 2, "num_activated_experts": 1,
+        "num_layers": 1, "num_single_layers": 1, "out_channels": 16, "patch_size": 2, "text_emb_dim": CONTEXT_DIM,
+    }),
 }
-FAMILIES = ("flux", "sd3", "wan21", "qwen_image", "lumina2")  # one model of each family
+FAMILIES = ("flux", "sd3", "wan21", "qwen_image", "lumina2")  # one model of each first-wave family
+# The second wave: video models, Wan's variants and Flux's descendants, HiDream and Cosmos.
+SECOND_WAVE = ("hunyuan_video", "hunyuan_video15", "ltxv", "wan22_5b", "wan21_i2v", "wan21_vace", "cosmos_predict2",
+               "flux2", "chroma", "chroma_radiance", "hidream")
 
 
 @torch.no_grad()

@@ -4,7 +4,7 @@ Two recording overrides frame ours: one already on the model before the node
 (ours calls it instead of the attention, so it sees what reaches attention),
 and one put over ours afterwards (it sees what the model hands to attention).
 cond and uncond have different text lengths (7 and 5 tokens), so they run as
-separate model calls with layouts of their own.
+separate model calls with layouts of their own (Flux 2 pads both to 512).
 """
 
 import logging
@@ -15,10 +15,16 @@ import torch
 from tome_harness import dit_models
 
 COND_TEXT, UNCOND_TEXT = 7, 5
-# The latent: 10x12, so 5x6 patches (30 tokens), 3x3 cells of 2x2; Wan has 3 frames of them, Qwen-Image one.
-LATENTS = {"wan21": (1, 16, 3, 10, 12), "wan21_fun": (1, 16, 3, 10, 12), "qwen_image": (1, 16, 1, 10, 12)}
+ALL_FAMILIES = dit_models.FAMILIES + dit_models.SECOND_WAVE
+# The latent: 5x6 patches (30 tokens), 3x3 cells of 2x2: 10x12 under 2x2 patches; the video models have 3
+# frames of them, Qwen-Image one; LTX-Video and Flux 2 patch 1x1, Chroma Radiance 16x16 pixels.
+VIDEO = (1, 16, 3, 10, 12)
+LATENTS = {"wan21": VIDEO, "wan21_fun": VIDEO, "qwen_image": (1, 16, 1, 10, 12), "hunyuan_video": VIDEO,
+           "hunyuan_video15": (1, 32, 3, 10, 12), "ltxv": (1, 128, 3, 5, 6), "wan22_5b": (1, 48, 3, 10, 12), "wan21_i2v": VIDEO,
+           "wan21_vace": VIDEO, "cosmos_predict2": VIDEO, "flux2": (1, 128, 5, 6), "chroma_radiance": (1, 3, 80, 96)}
 LATENT = (1, 16, 10, 12)
 GRID = (5, 6)
+BYT5, VISION, LLAMA = 4, 3, 3  # HunyuanVideo 1.5's glyph and vision tokens, HiDream's LLM tokens (used twice)
 # Per family, written out by hand from ComfyUI's model code: for each self-attention length that holds the image,
 # where the image starts (cond and uncond), and the frames of 5x6 patches.
 IMAGE_STARTS = {
@@ -27,6 +33,17 @@ IMAGE_STARTS = {
     "wan21": ({90: 0}, 3),  # video only; cross-attention has 90 queries and 7 or 5 keys
     "qwen_image": ({COND_TEXT + 30: COND_TEXT, UNCOND_TEXT + 30: UNCOND_TEXT}, 1),
     "lumina2": ({8 + 32: 8, 32: 0}, 1),  # text and image each padded to 8s; refiners: text (8) alone, image alone
+    "hunyuan_video": ({90 + COND_TEXT: 0, 90 + UNCOND_TEXT: 0}, 3),  # [video | text]; the refiner: text alone
+    "hunyuan_video15": ({90 + VISION + BYT5 + COND_TEXT: 0, 90 + VISION + BYT5 + UNCOND_TEXT: 0}, 3),
+    "ltxv": ({90: 0}, 3),  # video only, then cross-attention to the text
+    "wan22_5b": ({90: 0}, 3),
+    "wan21_i2v": ({90: 0}, 3),  # cross-attention to the text and to the CLIP vision tokens
+    "wan21_vace": ({90: 0}, 3),  # the video, and in the VACE blocks the control video: a grid of the same shape
+    "cosmos_predict2": ({90: 0}, 3),
+    "flux2": ({512 + 30: 512}, 1),  # Flux 2 pads the text to 512 tokens
+    "chroma": ({COND_TEXT + 30: COND_TEXT, UNCOND_TEXT + 30: UNCOND_TEXT}, 1),
+    "chroma_radiance": ({COND_TEXT + 30: COND_TEXT, UNCOND_TEXT + 30: UNCOND_TEXT}, 1),
+    "hidream": ({30 + COND_TEXT + 2 * LLAMA: 0, 30 + UNCOND_TEXT + 2 * LLAMA: 0}, 1),  # [image | T5, LLM, LLM]
 }
 
 
@@ -38,7 +55,7 @@ def dit(pack):
 @pytest.fixture(scope="module")
 def models(comfy_nodes):
     built = {}
-    for family in dit_models.FAMILIES:
+    for family in ALL_FAMILIES:
         try:
             built[family] = dit_models.build_dit_model(family)
         except ImportError as error:  # a family whose ComfyUI code needs what this host lacks
@@ -46,27 +63,53 @@ def models(comfy_nodes):
     return built
 
 
-@pytest.fixture(params=dit_models.FAMILIES)
+@pytest.fixture(params=ALL_FAMILIES)
 def family(request, models):
     if isinstance(models[request.param], Exception):
         pytest.skip(f"{request.param} cannot be built on this host: {models[request.param]}")
     return request.param
 
 
-def conditioning(references=None):
-    """cond and uncond (with different text lengths), both with ``references`` (edit or reference latents)."""
+def clip_vision_output(**states):
+    """ComfyUI's CLIP vision output (``comfy.clip_vision.Output``) holding ``states``."""
+    import comfy.clip_vision
+
+    out = comfy.clip_vision.Output()
+    for name, value in states.items():
+        out[name] = value
+    return out
+
+
+def family_conds(family, text):
+    """What the family's text encoders and nodes add to the conditioning of ``text`` tokens besides them."""
+    generator = torch.Generator().manual_seed(6)
+    if family == "ltxv":  # its T5 encoder always hands over the text's mask (cross-attention only)
+        return {"attention_mask": torch.ones(1, text, dtype=torch.long)}
+    if family == "hunyuan_video15":
+        return {"conditioning_byt5small": torch.randn(1, BYT5, 1472, generator=generator),
+                "clip_vision_output": clip_vision_output(
+                    last_hidden_state=torch.randn(1, VISION, dit_models.CONTEXT_DIM, generator=generator))}
+    if family == "wan21_i2v":
+        return {"clip_vision_output": clip_vision_output(
+            penultimate_hidden_states=torch.randn(1, 4, 1280, generator=generator))}
+    if family == "hidream":  # [B, LLM layers, tokens, width]
+        return {"conditioning_llama3": torch.randn(1, 2, LLAMA, dit_models.CONTEXT_DIM, generator=generator)}
+    return {}
+
+
+def conditioning(family, references=None):
+    """cond and uncond (with different text lengths), both with the family's extra conds and ``references``
+    (conds naming edit, reference or guide latents)."""
     generator = torch.Generator().manual_seed(5)
-    extra = {"pooled_output": torch.zeros(1, dit_models.CONTEXT_DIM)}
-    if references is not None:
-        extra["reference_latents"] = references
-    return ([[torch.randn(1, COND_TEXT, dit_models.CONTEXT_DIM, generator=generator), dict(extra)]],
-            [[torch.randn(1, UNCOND_TEXT, dit_models.CONTEXT_DIM, generator=generator), dict(extra)]])
+    extra = {"pooled_output": torch.zeros(1, dit_models.CONTEXT_DIM), **(references or {})}
+    return tuple([[torch.randn(1, text, dit_models.CONTEXT_DIM, generator=generator),
+                   dict(extra, **family_conds(family, text))]] for text in (COND_TEXT, UNCOND_TEXT))
 
 
-def sample(comfy_nodes, model, family, seed=3, steps=2, references=None):
+def sample(comfy_nodes, model, family, seed=3, steps=2, references=None, latent_shape=None):
     """A real KSampler run at cfg 2."""
-    positive, negative = conditioning(references)
-    latent = {"samples": torch.zeros(LATENTS.get(family, LATENT))}
+    positive, negative = conditioning(family, references)
+    latent = {"samples": torch.zeros(latent_shape or LATENTS.get(family, LATENT))}
     (out,) = comfy_nodes.KSampler().sample(model, seed, steps, 2.0, "euler", "normal", positive, negative, latent)
     return out["samples"]
 
@@ -93,7 +136,7 @@ def with_override(model, override):
     return patched
 
 
-def traced_sample(comfy_nodes, dit, model, family, apply, references=None):
+def traced_sample(comfy_nodes, dit, model, family, apply, references=None, latent_shape=None):
     """Sample ``apply(model)``, recording what the model hands to attention (``outer``) and what reaches it
     (``inner``), call by call."""
     inner, outer = [], []
@@ -102,7 +145,8 @@ def traced_sample(comfy_nodes, dit, model, family, apply, references=None):
     assert isinstance(ours, dit.DiTReduction)
     record_outer = recorder(outer)
     out = sample(comfy_nodes, with_override(patched, lambda func, *a, **k: record_outer(
-        lambda *a2, **k2: ours(func, *a2, **k2), *a, **k)), family, references=references)
+        lambda *a2, **k2: ours(func, *a2, **k2), *a, **k)), family, references=references,
+        latent_shape=latent_shape)
     assert len(inner) == len(outer) > 0
     return out, inner, outer
 
@@ -129,10 +173,13 @@ def nearest_cells(image, frames):
     return image.unflatten(1, (frames, *GRID))[:, :, ::2, ::2].flatten(1, 3)
 
 
-def test_todo_pools_the_image_keys_and_values_and_leaves_everything_else(comfy_nodes, dit, models, family):
-    out, inner, outer = traced_sample(comfy_nodes, dit, models[family], family,
-                                      lambda m: dit.apply_todo_dit(m, downsample_factor=2))
+def test_todo_pools_the_image_keys_and_values_and_leaves_everything_else(comfy_nodes, dit, models, family,
+                                                                        caplog):
+    with caplog.at_level(logging.WARNING):
+        out, inner, outer = traced_sample(comfy_nodes, dit, models[family], family,
+                                          lambda m: dit.apply_todo_dit(m, downsample_factor=2))
     assert torch.isfinite(out).all()
+    assert "not one this model's token layout knows" not in caplog.text  # every self-attention call recognised
     for start, frames, got, made in image_calls(family, inner, outer):
         n = frames * 30
         torch.testing.assert_close(got[0], made[0], rtol=0, atol=0)  # the queries stay whole
@@ -144,14 +191,25 @@ def test_todo_pools_the_image_keys_and_values_and_leaves_everything_else(comfy_n
             torch.testing.assert_close(pooled[:, start + frames * 9:], full[:, start + n:], rtol=0, atol=0)
 
 
-# Edit and reference images: Flux Kontext and Qwen-Image edit append a 6x8 latent (3x4 = 12 tokens) after the
-# image; Wan Fun puts one 10x12 frame (30 tokens) ahead of the video.
-REFERENCES = {"flux": [torch.randn(1, 16, 6, 8)], "qwen_image": [torch.randn(1, 16, 1, 6, 8)],
-              "wan21_fun": [torch.randn(1, 16, 1, 10, 12)]}
+# Edit, reference and guide images: Flux Kontext, Flux 2 and Qwen-Image edit append a 6x8 latent (3x4 = 12
+# tokens) after the image; Wan Fun puts one 10x12 frame (30 tokens) ahead of the video, HunyuanVideo I2V its
+# reference latent (one 10x12 frame); LTX-Video's guide (LTXVAddGuide) is a fourth latent frame after the video,
+# named by the pixel coordinates of its 30 tokens (keyframe_idxs).
+REFERENCES = {
+    "flux": ({"reference_latents": [torch.randn(1, 16, 6, 8)]}, None),
+    "flux2": ({"reference_latents": [torch.randn(1, 128, 3, 4)]}, None),
+    "qwen_image": ({"reference_latents": [torch.randn(1, 16, 1, 6, 8)]}, None),
+    "wan21_fun": ({"reference_latents": [torch.randn(1, 16, 1, 10, 12)]}, None),
+    "hunyuan_video": ({"ref_latent": torch.randn(1, 16, 1, 10, 12)}, None),
+    "ltxv": ({"keyframe_idxs": torch.zeros(1, 3, 30)}, (1, 128, 4, 5, 6)),
+}
 REFERENCE_STARTS = {
     "flux": ({COND_TEXT + 30 + 12: COND_TEXT, UNCOND_TEXT + 30 + 12: UNCOND_TEXT}, 1),
+    "flux2": ({512 + 30 + 12: 512}, 1),
     "qwen_image": ({COND_TEXT + 30 + 12: COND_TEXT, UNCOND_TEXT + 30 + 12: UNCOND_TEXT}, 1),
     "wan21_fun": ({30 + 90: 30}, 3),
+    "hunyuan_video": ({30 + 90 + COND_TEXT: 30, 30 + 90 + UNCOND_TEXT: 30}, 3),
+    "ltxv": ({90 + 30: 0}, 3),
 }
 
 
@@ -161,8 +219,9 @@ def test_reference_images_stay_whole(comfy_nodes, dit, name):
         model = dit_models.build_dit_model(name)
     except ImportError as error:
         pytest.skip(f"{name} cannot be built on this host: {error}")
+    references, latent_shape = REFERENCES[name]
     out, inner, outer = traced_sample(comfy_nodes, dit, model, name,
-                                      lambda m: dit.apply_todo_dit(m, downsample_factor=2), REFERENCES[name])
+                                      lambda m: dit.apply_todo_dit(m, downsample_factor=2), references, latent_shape)
     assert torch.isfinite(out).all()
     for start, frames, got, made in image_calls(name, inner, outer, REFERENCE_STARTS):
         n = frames * 30
@@ -209,7 +268,7 @@ def test_factor_1_and_ratio_0_remove_the_patch_bit_for_bit(comfy_nodes, dit, mod
     removed = dit.apply_todo_dit(removed, downsample_factor=1)
     options = removed.model_options["transformer_options"]
     assert "optimized_attention_override" not in options
-    assert not removed.get_wrappers("apply_model", "tome")
+    assert not removed.get_wrappers("apply_model", "tome") and not removed.get_wrappers("outer_sample", "tome")
     torch.testing.assert_close(sample(comfy_nodes, removed, family), sample(comfy_nodes, model, family),
                                rtol=0, atol=0)
 
@@ -223,11 +282,13 @@ def test_same_seed_same_image_and_the_global_rng_untouched(comfy_nodes, dit, mod
     x = torch.randn(LATENTS.get(family, LATENT), generator=torch.Generator().manual_seed(0))
     sigma = torch.tensor([5.0])
     options = dict(patched.model_options["transformer_options"], wrappers=patched.wrappers, sigmas=sigma)
-    context = torch.randn(1, COND_TEXT, dit_models.CONTEXT_DIM, generator=torch.Generator().manual_seed(1))
-    conds = {"num_tokens": COND_TEXT} if family == "lumina2" else {}
+    (context, extra), = conditioning(family)[0]
+    # The model's conds as the sampler makes them from the conditioning (ComfyUI's own extra_conds).
+    conds = {name: cond.cond for name, cond in patched.model.extra_conds(
+        noise=x, device=x.device, cross_attn=context, **extra).items()}
     state = torch.get_rng_state()
     with torch.inference_mode():
-        out = patched.model.apply_model(x, sigma, c_crossattn=context, transformer_options=options, **conds)
+        out = patched.model.apply_model(x, sigma, transformer_options=options, **conds)
     assert torch.isfinite(out).all()
     assert torch.equal(torch.get_rng_state(), state)
 
@@ -245,10 +306,14 @@ def test_the_input_model_is_untouched_and_a_second_node_replaces_the_first(comfy
     assert once.model_options["transformer_options"]["optimized_attention_override"].todo.factor == 2
 
 
+FAMILY_OF_MODEL = {"wan21": "wan", "wan22_5b": "wan", "wan21_i2v": "wan", "wan21_vace": "wan",
+                   "hunyuan_video15": "hunyuan_video", "flux2": "flux", "chroma": "flux", "chroma_radiance": "flux"}
+
+
 def test_each_family_is_recognised_and_a_u_net_passes_through_with_a_warning(dit, models, sd15, caplog):
     for name, model in models.items():
         if not isinstance(model, Exception):
-            assert dit.dit_family(model) == {"wan21": "wan"}.get(name, name)
+            assert dit.dit_family(model) == FAMILY_OF_MODEL.get(name, name)
     with caplog.at_level(logging.WARNING):
         assert dit.apply_todo_dit(sd15, downsample_factor=2) is sd15
     assert "BaseModel is not a DiT" in caplog.text

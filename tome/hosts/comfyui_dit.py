@@ -1,4 +1,5 @@
-"""ToMe and ToDo in ComfyUI's DiTs (SD3.5, Flux, Wan 2.x, Qwen-Image, Lumina 2 / Z-Image).
+"""ToMe and ToDo in ComfyUI's DiTs (SD3.5, Flux / Flux 2 / Chroma, Wan 2.x, Qwen-Image, Lumina 2 / Z-Image,
+HunyuanVideo, LTX-Video, HiDream, Cosmos Predict2).
 
 No DiT calls ``attn1_patch``, but every one of them calls attention through
 ``wrap_attn``, which hands the call to
@@ -13,7 +14,10 @@ the override reads it back from its ``transformer_options`` keyword.
 Inside an attention call the override finds the image tokens by the length of
 the sequence (self-attention: queries as long as keys, a length the layout
 knows), and leaves everything else as it is: text, registers, reference images
-and padding tokens, cross-attention, and masked calls. ToDo pools the image
+and padding tokens, cross-attention, and masked calls. A self-attention call
+of a length the layout neither places the image in nor knows as image-free (a
+variant that adds tokens, another pack's extra tokens) is left alone too, with
+one warning per sampling run: the image is never looked for by guess. ToDo pools the image
 keys and values over cells of the grid; ToMe merges the image tokens by
 bipartite soft matching and, where the queries were merged, gives every merged
 query its destination's output back.
@@ -35,6 +39,7 @@ import dataclasses
 import functools
 import logging
 import math
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -44,7 +49,7 @@ import torch.nn.functional as F
 from ..downsample import MAX, METHODS, NEAREST
 from ..grid import derive_seed
 from ..merge import IDENTITY, build_plan
-from .comfyui import WRAPPER_KEY, Reach, capped_ratio, check_choice, check_range, current_sigma, sigma_window
+from .comfyui import OUTER_SAMPLE, WRAPPER_KEY, Reach, capped_ratio, check_choice, check_range, current_sigma, sigma_window
 from .comfyui_unet import MERGE_KV, MERGE_MODES, MERGE_Q, MERGE_QKV
 
 log = logging.getLogger(__name__)
@@ -53,14 +58,20 @@ APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
 OVERRIDE_KEY = "optimized_attention_override"  # the one attention override slot of transformer_options
 LAYOUT_KEY = "tome_layout"  # in a model call's transformer_options: its ImageLayout
 CALL_KEY = "tome_call"  # in a model call's transformer_options: image self-attention calls so far (for seeds)
+RUN_KEY = "tome_dit_run"  # in a sampling run's transformer_options: that run's RunWarnings
 
 FLUX, SD3, WAN, QWEN_IMAGE, LUMINA2 = "flux", "sd3", "wan", "qwen_image", "lumina2"
-FAMILIES = (FLUX, SD3, WAN, QWEN_IMAGE, LUMINA2)
+HUNYUAN_VIDEO, LTXV, HIDREAM, COSMOS = "hunyuan_video", "ltxv", "hidream", "cosmos_predict2"
+FAMILIES = (FLUX, SD3, WAN, QWEN_IMAGE, LUMINA2, HUNYUAN_VIDEO, LTXV, HIDREAM, COSMOS)
 # Class names (of ComfyUI's model_base class, or of its diffusion model) and their family; matched anywhere
-# in the class hierarchy, so Flux 2, Chroma and the Wan 2.2 variants count as their parents.
+# in the class hierarchy. Flux 2, Chroma and Chroma Radiance run Flux's token order ([text | image | refs]) and
+# count as Flux; Wan 2.2 (TI2V-5B), VACE, i2v and Fun count as Wan; HunyuanVideo 1.5 as HunyuanVideo. Wan's
+# S2V, Animate and HuMo add tokens of their own to the video: their calls are unrecognised lengths.
 FAMILY_OF_CLASS = {
     "Flux": FLUX, "SD3": SD3, "MMDiT": SD3, "WAN21": WAN, "WanModel": WAN,
     "QwenImage": QWEN_IMAGE, "QwenImageTransformer2DModel": QWEN_IMAGE, "Lumina2": LUMINA2, "NextDiT": LUMINA2,
+    "HunyuanVideo": HUNYUAN_VIDEO, "LTXV": LTXV, "LTXVModel": LTXV, "HiDream": HIDREAM,
+    "HiDreamImageTransformer2DModel": HIDREAM, "CosmosPredict2": COSMOS, "MiniTrainDIT": COSMOS,
 }
 
 
@@ -73,11 +84,13 @@ class ImageLayout:
     ``grid (t, h, w)``: frames, rows and columns in patches (``t`` is 1 for
     images). ``starts``: for each length of a self-attention sequence that
     holds the image, the index of its first image token; the image is
-    ``t * h * w`` tokens from there, row-major per frame.
+    ``t * h * w`` tokens from there, row-major per frame. ``others``: lengths
+    a call may have without the image; any other length is unrecognised.
     """
 
     grid: tuple[int, int, int]
     starts: Mapping[int, int] = field(default_factory=dict)
+    others: frozenset[int] = frozenset()  # self-attention lengths known to hold no image (text refiners)
 
     @property
     def n_tokens(self) -> int:
@@ -87,12 +100,16 @@ class ImageLayout:
         """Where the image starts in a sequence of ``length`` tokens; ``None`` for a sequence without it."""
         return self.starts.get(length)
 
+    def recognises(self, length: int) -> bool:
+        """Whether a self-attention sequence of ``length`` tokens is one this layout expects."""
+        return length in self.starts or length in self.others
+
 
 def image_layout(grid: tuple[int, int, int], starts: Mapping[int, int], others: Iterable[int] = ()) -> ImageLayout:
     """An ``ImageLayout``, leaving out the lengths that ``others`` (sequences without the image: a text-only
     refiner, cross-attention keys) share: a call of such a length cannot be told apart, so it is left alone."""
-    others = set(others)
-    return ImageLayout(grid, {length: start for length, start in starts.items() if length not in others})
+    others = frozenset(others)
+    return ImageLayout(grid, {length: start for length, start in starts.items() if length not in others}, others)
 
 
 def patch_grid(latent_shape: Sequence[int], patch: Sequence[int]) -> tuple[int, int, int]:
@@ -153,16 +170,56 @@ def lumina2_layout(latent_shape, patch: int, text: int, pad_multiple: int | None
     return image_layout(grid, {text_len + image_len: text_len, image_len: 0}, (text_len,))
 
 
+def hunyuan_video_layout(latent_shape, patch: Sequence[int], text: int, refined_text: int,
+                         reference: Sequence[int] | None = None) -> ImageLayout:
+    """HunyuanVideo (and 1.5): ``[reference | video | text]`` in every block, the image first.
+
+    ``text``: every context token of the joint blocks (1.5 adds its ByT5 and
+    CLIP vision tokens to the LLM's); ``refined_text``: the LLM tokens alone,
+    which the token refiner attends among themselves; ``reference``: the shape
+    of an I2V reference latent, patched as the video and put before it.
+    """
+    grid = patch_grid(latent_shape, patch)
+    ref = 0 if reference is None else math.prod(patch_grid(reference, patch))
+    return image_layout(grid, {ref + math.prod(grid) + text: ref}, (refined_text,))
+
+
+def ltxv_layout(latent_shape, patch: Sequence[int], contexts: Iterable[int] = (), guides: int = 0) -> ImageLayout:
+    """LTX-Video: self-attention sees ``[video | guide frames]`` and no text.
+
+    ``guides``: the tokens of the keyframes ``LTXVAddGuide`` appended to the
+    latent in time (``keyframe_idxs``), whole latent frames after the video;
+    they are left whole. Cross-attention has keys of the ``contexts`` lengths.
+    """
+    t, h, w = patch_grid(latent_shape, patch)
+    if guides % (h * w):  # not whole frames: not a layout LTXVAddGuide makes
+        return ImageLayout((t, h, w), {}, frozenset(contexts))
+    return image_layout((t - guides // (h * w), h, w), {t * h * w: 0}, contexts)
+
+
+def hidream_layout(latent_shape, patch: int, text: int, edit: Sequence[int] | None = None) -> ImageLayout:
+    """HiDream: ``[image | text]`` in every block, ``text`` being T5's tokens and the LLM's twice (the last
+    layer's and each block's own). ``edit``: the shape of HiDream E1's edit latent, joined to the image along
+    the width, so every row of patches holds both: no image span, nothing recognised."""
+    if edit is not None:
+        return ImageLayout(patch_grid(latent_shape, (1, patch, patch)))
+    grid = patch_grid(latent_shape, (1, patch, patch))
+    return image_layout(grid, {math.prod(grid) + text: 0})
+
+
 @dataclass(frozen=True)
 class DiTSpec:
     """What a layout needs from the model itself: its family and patch size, SD3's registers, Lumina's token
-    padding, whether Wan has Fun's reference convolution."""
+    padding, whether Wan has Fun's reference convolution, whether HunyuanVideo 1.5 takes ByT5 and CLIP vision
+    tokens."""
 
     family: str
     patch: tuple[int, int, int]
     registers: int = 0
     pad_multiple: int | None = None
     reference_conv: bool = False
+    byt5: bool = False
+    vision: bool = False
 
     def layout(self, latent_shape, text: int, conds: Mapping) -> ImageLayout:
         """The ``ImageLayout`` of one model call with latent ``latent_shape``, ``text`` context tokens and the
@@ -182,6 +239,23 @@ class DiTSpec:
             reference = conds.get("reference_latent") if self.reference_conv else None
             return wan_layout(latent_shape, self.patch, [text] + ([clip.shape[-2]] if clip is not None else []),
                               0 if extra is None else extra.shape[2], None if reference is None else reference.shape)
+        if self.family == HUNYUAN_VIDEO:
+            byt5 = conds.get("txt_byt5") if self.byt5 else None
+            clip = conds.get("clip_fea") if self.vision else None
+            joint = text + sum(0 if c is None else c.shape[1] for c in (byt5, clip))
+            reference = conds.get("ref_latent")
+            return hunyuan_video_layout(latent_shape, self.patch, joint, text,
+                                        None if reference is None else reference.shape)
+        if self.family == LTXV:
+            keyframes = conds.get("keyframe_idxs")  # [B, 3, guide tokens]: their pixel coordinates
+            return ltxv_layout(latent_shape, self.patch, [text], 0 if keyframes is None else keyframes.shape[2])
+        if self.family == HIDREAM:
+            llama = conds.get("encoder_hidden_states_llama3")  # [B, LLM layers, tokens, width]
+            edit = conds.get("image_cond")
+            return hidream_layout(latent_shape, patch, text + 2 * (0 if llama is None else llama.shape[2]),
+                                  None if edit is None else edit.shape)
+        if self.family == COSMOS:  # the video alone, as Wan's
+            return wan_layout(latent_shape, self.patch, [text])
         raise ValueError(f"no layout for the DiT family {self.family!r}")
 
 
@@ -198,11 +272,43 @@ def dit_family(model) -> str | None:
 def dit_spec(model, family: str) -> DiTSpec:
     """The ``DiTSpec`` of ``model``, read from its diffusion model's attributes."""
     net = model.get_model_object("diffusion_model")
-    patch = net.patch_size
-    patch = tuple(patch) if isinstance(patch, Sequence) else (1, patch, patch)
+    if family == LTXV:
+        patch = net.patchifier.patch_size
+    elif family == COSMOS:
+        patch = (net.patch_temporal, net.patch_spatial, net.patch_spatial)
+    else:
+        patch = net.patch_size
+    patch = tuple(patch) if isinstance(patch, Sequence) else (patch, patch)
+    patch = (1,) * (3 - len(patch)) + patch  # (ph, pw) of an image model: one frame
     return DiTSpec(family, patch, registers=getattr(net, "register_length", 0) or 0,
                    pad_multiple=getattr(net, "pad_tokens_multiple", None),
-                   reference_conv=getattr(net, "ref_conv", None) is not None)
+                   reference_conv=getattr(net, "ref_conv", None) is not None,
+                   byt5=getattr(net, "byt5_in", None) is not None, vision=getattr(net, "vision_in", None) is not None)
+
+
+class RunWarnings:
+    """The warnings one sampling run has given, so each is given once per run; cond and uncond may run in two
+    threads at once, hence the lock."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._given: set[str] = set()
+
+    def first(self, key: str) -> bool:
+        """Whether this is the run's first warning of ``key`` (and from now on it is not)."""
+        with self._lock:
+            if key in self._given:
+                return False
+            self._given.add(key)
+            return True
+
+
+def start_run(executor, *args, **kwargs):
+    """A keyed ``OUTER_SAMPLE`` wrapper: give the sampling run its own ``RunWarnings``, in the copy of the
+    model options ComfyUI makes for the run (``executor.class_obj`` is the guider), so it reaches every model
+    call of this run and no other."""
+    executor.class_obj.model_options.setdefault("transformer_options", {})[RUN_KEY] = RunWarnings()
+    return executor(*args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -217,6 +323,8 @@ class LayoutWrapper:
         text = 0 if c_crossattn is None else c_crossattn.shape[1]
         options = dict(transformer_options or {})
         options[LAYOUT_KEY] = self.spec.layout(x.shape, text, conds)
+        if RUN_KEY not in options:  # a model call outside a sampling run is a run of its own
+            options[RUN_KEY] = RunWarnings()
         return executor(x, t, c_concat, c_crossattn, control, options, **conds)
 
 
@@ -313,6 +421,16 @@ class DiTToMe:
     merge: str = MERGE_QKV
 
 
+def warn_unrecognised(options, length: int, layout: ImageLayout) -> None:
+    """Once per sampling run: a self-attention call of a length the layout does not know."""
+    run = options.get(RUN_KEY)
+    if run is None or run.first("unrecognised"):
+        log.warning("Apply ToDo / Apply ToMe: a self-attention call of %d tokens is not one this model's token "
+                    "layout knows (%s, image grid %s); it is left whole, as is every such call in this run",
+                    length, ", ".join(f"{n} tokens with the image at {s}" for n, s in layout.starts.items())
+                    or "no sequence with the image", "x".join(map(str, layout.grid)))
+
+
 @functools.lru_cache(maxsize=64)
 def _warn_grid_too_small(grid: tuple[int, int, int], factor: int) -> None:
     """Once per grid and factor, not once per attention call."""
@@ -343,12 +461,17 @@ class DiTReduction:
             return attention(*args, **kwargs)
         heads_major = bool(kwargs.get("skip_reshape", False))
         q, k, v = (token_major(t, heads_major) for t in args[:3])
-        # Self-attention only: cross-attention has as many keys as context tokens, never as many as queries
-        # unless the layout already left that length out.
-        start = layout.start(k.shape[1]) if q.shape[1] == k.shape[1] == v.shape[1] else None
         todo = self.todo if self.todo is not None and self.todo.reach.in_window(options) else None
         tome = self.tome if self.tome is not None and self.tome.reach.in_window(options) else None
-        if start is None or (todo is None and tome is None):
+        if todo is None and tome is None:
+            return attention(*args, **kwargs)
+        # Self-attention only: cross-attention has as many keys as context tokens, never as many as queries
+        # unless the layout already left that length out.
+        self_attention = q.shape[1] == k.shape[1] == v.shape[1]
+        start = layout.start(k.shape[1]) if self_attention else None
+        if start is None:
+            if self_attention and not layout.recognises(k.shape[1]):
+                warn_unrecognised(options, k.shape[1], layout)
             return attention(*args, **kwargs)
         call_index = options.get(CALL_KEY, 0)
         options[CALL_KEY] = call_index + 1
@@ -431,6 +554,7 @@ def with_reduction(model, family: str, reduction: DiTReduction):
     patched = model.clone()
     options = patched.model_options.setdefault("transformer_options", {})
     patched.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)
+    patched.remove_wrappers_with_key(OUTER_SAMPLE, WRAPPER_KEY)
     if reduction.todo is None and reduction.tome is None:
         if reduction.inner is None:
             options.pop(OVERRIDE_KEY, None)
@@ -439,6 +563,7 @@ def with_reduction(model, family: str, reduction: DiTReduction):
         return patched
     options[OVERRIDE_KEY] = reduction
     patched.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, LayoutWrapper(dit_spec(patched, family)))
+    patched.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY, start_run)
     return patched
 
 
