@@ -231,6 +231,34 @@ def test_reference_images_stay_whole(comfy_nodes, dit, name):
         torch.testing.assert_close(got[1][:, start + frames * 9:], made[1][:, start + n:], rtol=0, atol=0)
 
 
+def test_an_unknown_self_attention_length_is_left_whole_with_one_warning_per_run(comfy_nodes, dit, models, caplog):
+    """Another pack's ``post_input`` patch adds 2 tokens to Flux's image stream: no self-attention call has a
+    length the layout knows, so each reaches attention exactly as the model made it (the image is not looked
+    for by guess), and each of two sampling runs (each many calls, cond and uncond) warns once."""
+    if isinstance(models["flux"], Exception):
+        pytest.skip(f"flux cannot be built on this host: {models['flux']}")
+
+    def two_more_tokens(args):
+        return dict(args, img=torch.cat([args["img"], args["img"][:, :2]], 1),
+                    img_ids=torch.cat([args["img_ids"], args["img_ids"][:, :2]], 1))
+
+    model = models["flux"].clone()
+    model.set_model_patch(two_more_tokens, "post_input")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            out, inner, outer = traced_sample(comfy_nodes, dit, model, "flux",
+                                              lambda m: dit.apply_todo_dit(m, downsample_factor=2))
+            assert torch.isfinite(out).all()
+            assert {made[1].shape[1] for made in outer} == {COND_TEXT + 32, UNCOND_TEXT + 32}
+            for got, made in zip(inner, outer, strict=True):
+                for a, b in zip(got[:3], made[:3], strict=True):
+                    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    warnings = [r for r in caplog.records if "not one this model's token layout knows" in r.getMessage()]
+    assert len(warnings) == 2
+    assert f"a self-attention call of {COND_TEXT + 32} tokens" in warnings[0].getMessage() or \
+        f"a self-attention call of {UNCOND_TEXT + 32} tokens" in warnings[0].getMessage()
+
+
 def test_todo_time_factor_pools_across_frames(comfy_nodes, dit, models):
     if isinstance(models["wan21"], Exception):
         pytest.skip(f"wan21 cannot be built on this host: {models['wan21']}")

@@ -2,6 +2,7 @@
 merging, and the attention override on plain tensors."""
 
 import itertools
+import logging
 import math
 
 import pytest
@@ -61,6 +62,58 @@ def test_lumina2_padded_text_then_padded_image_and_the_refiners(text, pad, start
     layout = dit.lumina2_layout((1, 16, 10, 12), 2, text=text, pad_multiple=pad)
     assert layout.grid == (1, 5, 6)
     assert layout.starts == starts
+
+
+def test_hunyuan_video_reference_then_video_then_every_text_token():
+    # 33 frames at 480x848: 9 latent frames of 60x106, 1x2x2 patches; 1.5's joint text is LLM + ByT5 + vision.
+    layout = dit.hunyuan_video_layout((1, 16, 9, 60, 106), (1, 2, 2), text=256 + 64 + 729, refined_text=256,
+                                      reference=(1, 16, 1, 60, 106))
+    assert layout.grid == (9, 30, 53)
+    assert layout.starts == {30 * 53 + 9 * 30 * 53 + 256 + 64 + 729: 30 * 53}
+    assert layout.recognises(256) and not layout.recognises(255)  # the token refiner's text-only calls
+
+
+def test_hunyuan_video_spec_counts_byt5_and_vision_tokens_only_where_the_model_takes_them():
+    x = torch.zeros(1, 16, 3, 8, 8)
+    conds = {"txt_byt5": torch.zeros(1, 5, 1472), "clip_fea": torch.zeros(1, 9, 1152)}
+    hunyuan15 = dit.DiTSpec(dit.HUNYUAN_VIDEO, (1, 2, 2), byt5=True, vision=True)
+    assert hunyuan15.layout(x.shape, 7, conds).starts == {48 + 7 + 5 + 9: 0}
+    assert dit.DiTSpec(dit.HUNYUAN_VIDEO, (1, 2, 2)).layout(x.shape, 7, conds).starts == {48 + 7: 0}
+
+
+def test_ltxv_video_then_whole_guide_frames():
+    # 33 frames at 480x832 under LTX-Video's VAE (8x32x32): 5 latent frames of 15x26, a guide frame appended.
+    layout = dit.ltxv_layout((1, 128, 6, 15, 26), (1, 1, 1), contexts=[128], guides=15 * 26)
+    assert layout.grid == (5, 15, 26)
+    assert layout.starts == {6 * 15 * 26: 0}  # the guide's 390 tokens follow the video and are kept whole
+
+
+def test_ltxv_guides_that_are_not_whole_frames_are_not_recognised():
+    layout = dit.ltxv_layout((1, 128, 3, 4, 4), (1, 1, 1), contexts=[7], guides=5)
+    assert layout.starts == {} and not layout.recognises(48)
+
+
+def test_hidream_image_then_t5_and_the_llm_twice_and_no_span_under_an_edit_image():
+    spec = dit.DiTSpec(dit.HIDREAM, (1, 2, 2))
+    llama = torch.zeros(1, 48, 128, 4096)  # [B, LLM layers, tokens, width]
+    assert spec.layout((1, 16, 128, 128), 128, {"encoder_hidden_states_llama3": llama}).starts == \
+        {64 * 64 + 128 + 2 * 128: 0}
+    edited = spec.layout((1, 16, 128, 128), 128, {"encoder_hidden_states_llama3": llama,
+                                                  "image_cond": torch.zeros(1, 16, 128, 128)})
+    assert edited.starts == {}  # E1 joins the edit image along the width: every row holds both
+
+
+def test_cosmos_predict2_video_alone_as_wan():
+    spec = dit.DiTSpec(dit.COSMOS, (1, 2, 2))
+    layout = spec.layout((1, 16, 5, 10, 12), 7, {})
+    assert layout.grid == (5, 5, 6) and layout.starts == {150: 0}
+
+
+def test_wan22_5b_latent_has_the_same_token_layout_as_wan21():
+    """TI2V-5B: 48 channels at 16x spatial compression, so 480x832 is a 30x52 latent (Wan 2.1's is 60x104), and
+    the same 1x2x2 patches: a quarter of the tokens, in the same layout."""
+    layout = dit.wan_layout((1, 48, 9, 30, 52), (1, 2, 2), contexts=[512])
+    assert layout.grid == (9, 15, 26) and layout.starts == {9 * 15 * 26: 0}
 
 
 def test_a_sequence_of_another_length_has_no_image():
@@ -205,6 +258,32 @@ def test_tome_on_video_merges_frame_by_frame():
         one = dit.DiTReduction.plan(tome, tokens, (1, 2, 4), 0, {})
         torch.testing.assert_close(merged[:, frame * 4:(frame + 1) * 4], one.merge(tokens))
         torch.testing.assert_close(restored[:, frame * 8:(frame + 1) * 8], one.unmerge(one.merge(tokens)))
+
+
+def test_an_unknown_self_attention_length_is_left_whole_and_warned_about_once_per_run(caplog):
+    layout = dit.flux_layout((1, 16, 8, 8), 2, text=4)  # 4 + 16 tokens
+    override = dit.DiTReduction(todo=dit.DiTToDo(2, 1, NEAREST, EVERYWHERE))
+    q, k, v = qkv(1, 2, 22, 4, False)
+    with caplog.at_level(logging.WARNING):
+        for run in (dit.RunWarnings(), dit.RunWarnings()):
+            for _ in range(3):
+                sdpa.calls.clear()
+                override(sdpa, q, k, v, 2, transformer_options=dict(options(layout), **{dit.RUN_KEY: run}))
+                assert sdpa.calls == [(q.shape, k.shape, v.shape)]
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert "a self-attention call of 22 tokens" in messages[0] and "20 tokens with the image at 4" in messages[0]
+
+
+def test_the_layouts_own_image_free_lengths_and_cross_attention_raise_no_warning(caplog):
+    layout = dit.lumina2_layout((1, 16, 8, 8), 2, text=6, pad_multiple=4)  # text-only refiner: 8 tokens
+    override = dit.DiTReduction(todo=dit.DiTToDo(2, 1, NEAREST, EVERYWHERE))
+    with caplog.at_level(logging.WARNING):
+        for q_len, k_len in [(8, 8), (16, 8)]:
+            q, _, _ = qkv(1, 2, q_len, 4, False)
+            _, k, v = qkv(1, 2, k_len, 4, False)
+            override(sdpa, q, k, v, 2, transformer_options=dict(options(layout), **{dit.RUN_KEY: dit.RunWarnings()}))
+    assert not caplog.records
 
 
 def test_the_override_already_on_the_model_is_called_instead_of_the_attention():
