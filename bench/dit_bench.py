@@ -7,14 +7,22 @@ Models (ComfyUI's own classes, configurations as ComfyUI detects the real checkp
           video tokens; 33: 9 x 30 x 52 = 14040), 512 text tokens for cross-attention
   flux    Flux at its real width (3072, 24 heads), ``--flux-blocks`` double and single blocks (all 19 + 38 do not
           fit this machine's memory), at each of ``--px``: 512 text tokens, then (px/16)^2 image tokens
+  hunyuan HunyuanVideo (13B: width 3072, 24 heads; 20 double and 40 single blocks, ``--blocks`` of each) at
+          480x832 x ``--frames`` (33: 9 x 30 x 52 = 14040 video tokens, then 256 text tokens)
+  ltxv    LTX-Video 2B (28 blocks of width 2048, 32 heads) at 480x832 x ``--frames`` (33: 5 latent frames of
+          15 x 26, one token each: 1950 video tokens), 128 text tokens for cross-attention
   tiny    each of the test models of ``tome_harness.dit_models`` at a 32x32 latent: a smoke check on the CPU
 
 Variants, run round-robin in one process (minimum of ``--repeats``): ``none``, ``todo-2`` (keys and values
-pooled over 2x2 cells, nearest), ``tome-R-qkv`` and ``tome-R-kv`` (ratio R, q, k and v merged / k and v only).
-The ``none`` row also has the share of the forward spent in image self-attention (timed call by call with the
-device synchronised, in a separate forward).
+pooled over 2x2 cells, nearest), ``todo-2-tT`` (and ``T`` frames, with ``--time-factor``), ``tome-R-qkv`` and
+``tome-R-kv`` (ratio R, q, k and v merged / k and v only; ``--merge`` picks). Every row has the share of its
+own forward spent in self-attention (queries as many as keys; timed call by call with the device synchronised,
+in the warm-up forward), and ``ideal``: the speed-up if only self-attention got faster, exactly as much as the
+queries times keys reaching it shrank (1 / (1 - s + s * c), s the no-patch share, c that product over the
+no-patch one): the limit the reduction could reach with free pooling and merging.
 
     .venv/bin/python bench/dit_bench.py --model sd35m wan13b            # on a GPU: bf16, PyTorch SDPA
+    .venv/bin/python bench/dit_bench.py --model hunyuan ltxv --frames 33 --blocks 1 --ratio 0.75 --merge kv
     .venv/bin/python bench/dit_bench.py --model tiny --dtype fp32 --repeats 1
 """
 
@@ -31,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from tome.hosts.comfyui_dit import OVERRIDE_KEY
 from tome.hosts.comfyui_unet import MERGE_KV, MERGE_QKV
 from tome_harness import comfyui as comfyui_host
 from tome_harness import dit_models
@@ -63,7 +72,20 @@ REAL_CASES = {
         "num_layers": 30, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
         "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16,
     }, (1, 16, 5, 60, 104), (512, 4096)),
+    "hunyuan": Case("hunyuan", "HunyuanVideo", {
+        "image_model": "hunyuan_video", "in_channels": 16, "out_channels": 16, "patch_size": [1, 2, 2],
+        "vec_in_dim": 768, "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24,
+        "depth": 20, "depth_single_blocks": 40, "axes_dim": [16, 56, 56], "theta": 256, "qkv_bias": True,
+        "guidance_embed": True, "byt5": False, "meanflow": False, "use_cond_type_embedding": False,
+        "vision_in_dim": None,
+    }, (1, 16, 5, 60, 104), (256, 4096), {"y": (1, 768), "guidance": (1,)}),
+    "ltxv": Case("ltxv", "LTXV", {
+        "image_model": "ltxv", "in_channels": 128, "cross_attention_dim": 2048, "attention_head_dim": 64,
+        "num_attention_heads": 32, "caption_channels": 4096, "num_layers": 28,
+    }, (1, 128, 3, 15, 26), (128, 4096), {"attention_mask": None}),
 }
+# Latent frames of a video of n frames: Wan and HunyuanVideo's VAEs compress time 4x, LTX-Video's 8x (n = 8k + 1).
+TIME_COMPRESSION = {"wan13b": 4, "hunyuan": 4, "ltxv": 8}
 FLUX_CONFIG = {
     "image_model": "flux", "in_channels": 16, "patch_size": 2, "out_channels": 16, "vec_in_dim": 768,
     "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "axes_dim": [16, 56, 56],
@@ -78,8 +100,10 @@ def with_blocks(case: Case, blocks: int | None) -> Case:
     if blocks is None:
         return case
     config = dict(case.config)
-    if "num_layers" in config:  # Wan
+    if "num_layers" in config:  # Wan, LTX-Video
         config["num_layers"] = blocks
+    elif "depth_single_blocks" in config:  # HunyuanVideo: as many double as single blocks
+        config["depth"] = config["depth_single_blocks"] = blocks
     else:  # MMDiT: its image-only attention sits in the first blocks
         config["depth"] = blocks
         config["x_block_self_attn_layers"] = [i for i in config["x_block_self_attn_layers"] if i < blocks]
@@ -92,11 +116,11 @@ def cases_of(args) -> list[Case]:
     for name in args.model:
         if name == "tiny":
             cases += tiny_cases()
-        elif name == "wan13b":
-            wan = REAL_CASES["wan13b"]
-            cases += [with_blocks(Case(f"wan13b-{n}f", wan.model_class, wan.config,
-                                       (1, 16, (n - 1) // 4 + 1, 60, 104), wan.text), args.blocks)
-                      for n in args.frames]
+        elif name in TIME_COMPRESSION:
+            video = REAL_CASES[name]
+            cases += [with_blocks(dataclasses.replace(video, name=f"{name}-{n}f", latent=(
+                *video.latent[:2], (n - 1) // TIME_COMPRESSION[name] + 1, *video.latent[3:])), args.blocks)
+                for n in args.frames]
         elif name == "flux":
             double, single = args.flux_blocks
             config = dict(FLUX_CONFIG, depth=double, depth_single_blocks=single)
@@ -110,10 +134,12 @@ def cases_of(args) -> list[Case]:
 def tiny_cases() -> list[Case]:
     """The test models, on a 32x32 latent (Wan: 3 frames of it)."""
     cases = []
-    for family in dit_models.FAMILIES:
+    for family in (*dit_models.FAMILIES, "hunyuan_video", "ltxv"):
         model_class, config = dit_models.DIT_CONFIGS[family]
-        latent = {"wan21": (1, 16, 3, 32, 32), "qwen_image": (1, 16, 1, 32, 32)}.get(family, (1, 16, 32, 32))
-        conds = {"num_tokens": 7} if family == "lumina2" else {}
+        latent = {"wan21": (1, 16, 3, 32, 32), "qwen_image": (1, 16, 1, 32, 32), "hunyuan_video": (1, 16, 3, 32, 32),
+                  "ltxv": (1, 128, 3, 16, 16)}.get(family, (1, 16, 32, 32))
+        conds = {"lumina2": {"num_tokens": 7}, "hunyuan_video": {"y": (1, dit_models.CONTEXT_DIM)},
+                 "ltxv": {"attention_mask": None}}.get(family, {})
         cases.append(Case(f"tiny-{family}", model_class, config, latent, (7, dit_models.CONTEXT_DIM), conds))
     return cases
 
@@ -133,12 +159,15 @@ def build(case: Case, dtype: torch.dtype, device: torch.device):
     return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
 
 
-def variants(dit, model, ratios) -> dict:
+def variants(dit, model, ratios, merges=("qkv", "kv"), time_factor=None) -> dict:
     """The models to time, by name."""
     out = {"none": model, "todo-2": dit.apply_todo_dit(model, downsample_factor=2)}
+    if time_factor is not None:
+        out[f"todo-2-t{time_factor}"] = dit.apply_todo_dit(model, downsample_factor=2, time_factor=time_factor)
     for ratio in ratios:
-        out[f"tome-{ratio}-qkv"] = dit.apply_tome_dit(model, ratio=ratio, merge=MERGE_QKV)
-        out[f"tome-{ratio}-kv"] = dit.apply_tome_dit(model, ratio=ratio, merge=MERGE_KV)
+        for merge in merges:
+            out[f"tome-{ratio}-{merge}"] = dit.apply_tome_dit(model, ratio=ratio,
+                                                              merge={"qkv": MERGE_QKV, "kv": MERGE_KV}[merge])
     return out
 
 
@@ -159,31 +188,46 @@ def forward(model, inputs, device, override=None):
     return out
 
 
-def self_attention_share(model, inputs, device) -> float:
-    """The share of an unpatched forward spent in self-attention (queries as many as keys), timed call by call."""
-    spent = [0.0]
+def traced_forward(model, inputs, device):
+    """One forward of ``model`` with its attention calls timed: ``(output, self-attention share, cost)``.
+
+    Self-attention: the calls the model makes with queries as many as keys,
+    timed with whatever override ``model`` has (ours) inside. ``cost``: the
+    queries times keys that reached attention in those calls, over the
+    queries times keys the model made.
+    """
+    inner = model.model_options["transformer_options"].get(OVERRIDE_KEY)
+    spent, made, reached = [0.0], [0], [0]
 
     def timed(func, *args, **kwargs):
+        seq = 2 if kwargs.get("skip_reshape") else 1
+        is_self = args[0].shape[seq] == args[1].shape[seq]
+
+        def reaching(*a, **k):
+            if is_self:
+                reached[0] += a[0].shape[seq] * a[1].shape[seq]
+            return func(*a, **k)
+
         synchronize(device)
         start = time.perf_counter()
-        out = func(*args, **kwargs)
+        out = reaching(*args, **kwargs) if inner is None else inner(reaching, *args, **kwargs)
         synchronize(device)
-        seq = 2 if kwargs.get("skip_reshape") else 1
-        if args[0].shape[seq] == args[1].shape[seq]:
+        if is_self:
             spent[0] += time.perf_counter() - start
+            made[0] += args[0].shape[seq] * args[1].shape[seq]
         return out
 
     start = time.perf_counter()
-    forward(model, inputs, device, override=timed)
-    return spent[0] / (time.perf_counter() - start)
+    out = forward(model, inputs, device, override=timed)
+    return out, spent[0] / (time.perf_counter() - start), reached[0] / max(made[0], 1)
 
 
 def make_inputs(case: Case, dtype: torch.dtype, device: torch.device):
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(case.latent, generator=generator).to(device)
     context = torch.randn(1, *case.text, generator=generator).to(device, dtype)
-    conds = {name: (value if isinstance(value, int) else torch.zeros(value, device=device, dtype=dtype))
-             for name, value in case.conds.items()}
+    conds = {name: (value if value is None or isinstance(value, int)
+                    else torch.zeros(value, device=device, dtype=dtype)) for name, value in case.conds.items()}
     return x, torch.tensor([0.7], device=device), context, conds
 
 
@@ -191,16 +235,17 @@ def run_case(dit, case: Case, args, device) -> list[dict]:
     dtype = DTYPES[args.dtype]
     model = build(case, dtype, device)
     inputs = make_inputs(case, dtype, device)
-    models = variants(dit, model, args.ratio)
-    baseline = forward(model, inputs, device).float()
-    distance, peaks = {}, {}
-    for name, m in models.items():  # warm-up, output distance, peak memory
+    models = variants(dit, model, args.ratio, args.merge, args.time_factor)
+    distance, peaks, shares, costs = {}, {}, {}, {}
+    for name, m in models.items():  # warm-up, self-attention share, output distance, peak memory
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        out = forward(m, inputs, device).float()
+        out, shares[name], costs[name] = traced_forward(m, inputs, device)
+        out = out.float()
+        if name == "none":
+            baseline = out
         distance[name] = float((out - baseline).norm() / baseline.norm())
         peaks[name] = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
-    share = self_attention_share(model, inputs, device)
     times = {name: [] for name in models}
     for _ in range(args.repeats):
         for name, m in models.items():
@@ -210,9 +255,10 @@ def run_case(dit, case: Case, args, device) -> list[dict]:
     rows = []
     for name in models:
         best = min(times[name])
+        ideal = 1.0 / (1.0 - shares["none"] + shares["none"] * costs[name])
         rows.append({"model": case.name, "latent": list(case.latent), "dtype": args.dtype, "device": device.type,
-                     "variant": name, "seconds": best, "speed-up": min(times["none"]) / best,
-                     "self-attention share": share if name == "none" else None, "peak MiB": peaks[name],
+                     "variant": name, "seconds": best, "speed-up": min(times["none"]) / best, "ideal": ideal,
+                     "self-attention share": shares[name], "peak MiB": peaks[name],
                      "relative distance": distance[name]})
         print(json.dumps(rows[-1]), flush=True)
     del model, models
@@ -222,28 +268,32 @@ def run_case(dit, case: Case, args, device) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | latent | variant | time (s) | vs no patch | self-attention share | output distance "
+    lines = ["| model | latent | variant | time (s) | vs no patch | ideal | self-attention share | output distance "
              "| peak MiB |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        share = "" if r["self-attention share"] is None else f"{r['self-attention share']:.0%}"
         peak = "n/a" if r["peak MiB"] is None else f"{r['peak MiB']:.0f}"
         lines.append(f"| {r['model']} {r['dtype']} | {'x'.join(map(str, r['latent']))} | {r['variant']} "
-                     f"| {r['seconds']:.3f} | {r['speed-up']:.2f}x | {share} | {r['relative distance']:.3f} "
-                     f"| {peak} |")
+                     f"| {r['seconds']:.3f} | {r['speed-up']:.2f}x | {r['ideal']:.2f}x "
+                     f"| {r['self-attention share']:.0%} | {r['relative distance']:.3f} | {peak} |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", nargs="+", choices=[*REAL_CASES, "flux", "tiny"], default=list(REAL_CASES),
+    parser.add_argument("--model", nargs="+", choices=[*REAL_CASES, "flux", "tiny"], default=["sd35m", "wan13b"],
                         help="which models (see the module docstring)")
-    parser.add_argument("--frames", type=int, nargs="+", default=[17], help="wan13b: video lengths in frames")
-    parser.add_argument("--blocks", type=int, help="sd35m, wan13b: run only this many of the model's blocks")
+    parser.add_argument("--frames", type=int, nargs="+", default=[17],
+                        help="wan13b, hunyuan, ltxv: video lengths in frames")
+    parser.add_argument("--blocks", type=int,
+                        help="sd35m, wan13b, ltxv: run only this many of the model's blocks (hunyuan: of each kind)")
     parser.add_argument("--px", type=int, nargs="+", default=[1024], help="flux: image sizes in pixels")
     parser.add_argument("--flux-blocks", type=int, nargs=2, default=[2, 4], metavar=("DOUBLE", "SINGLE"),
                         help="flux: how many double and single blocks (the real model has 19 and 38)")
     parser.add_argument("--ratio", type=float, nargs="+", default=[0.5], help="ToMe ratios")
+    parser.add_argument("--merge", nargs="+", choices=["qkv", "kv"], default=["qkv", "kv"],
+                        help="ToMe: what is merged (q, k and v, or k and v only)")
+    parser.add_argument("--time-factor", type=int, help="also ToDo 2 pooling this many frames (video models)")
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16", help="weights and activations")
     parser.add_argument("--no-sdpa", dest="sdpa", action="store_false",
                         help="ComfyUI's default attention instead of PyTorch SDPA")
