@@ -7,7 +7,8 @@ Models (ComfyUI's own classes, configurations as ComfyUI detects the real checkp
           video tokens; 33: 9 x 30 x 52 = 14040), 512 text tokens for cross-attention
   flux    Flux at its real width (3072, 24 heads), ``--flux-blocks`` double and single blocks (all 19 + 38 do not
           fit this machine's memory), at each of ``--px``: 512 text tokens, then (px/16)^2 image tokens
-  hunyuan HunyuanVideo (13B: width 3072, 24 heads; 20 double and 40 single blocks, ``--blocks`` of each) at
+  hunyuan HunyuanVideo (13B: width 3072, 24 heads; 20 double and 40 single blocks; ``--blocks``: that many
+          double blocks alone, whose joint attention over every token the single blocks repeat) at
           480x832 x ``--frames`` (33: 9 x 30 x 52 = 14040 video tokens, then 256 text tokens)
   ltxv    LTX-Video 2B (28 blocks of width 2048, 32 heads) at 480x832 x ``--frames`` (33: 5 latent frames of
           15 x 26, one token each: 1950 video tokens), 128 text tokens for cross-attention
@@ -102,8 +103,8 @@ def with_blocks(case: Case, blocks: int | None) -> Case:
     config = dict(case.config)
     if "num_layers" in config:  # Wan, LTX-Video
         config["num_layers"] = blocks
-    elif "depth_single_blocks" in config:  # HunyuanVideo: as many double as single blocks
-        config["depth"] = config["depth_single_blocks"] = blocks
+    elif "depth_single_blocks" in config:  # HunyuanVideo: double blocks only, each joint attention over all tokens
+        config["depth"], config["depth_single_blocks"] = blocks, 0
     else:  # MMDiT: its image-only attention sits in the first blocks
         config["depth"] = blocks
         config["x_block_self_attn_layers"] = [i for i in config["x_block_self_attn_layers"] if i < blocks]
@@ -189,7 +190,7 @@ def forward(model, inputs, device, override=None):
 
 
 def traced_forward(model, inputs, device):
-    """One forward of ``model`` with its attention calls timed: ``(output, self-attention share, cost)``.
+    """One forward of ``model`` with its attention calls timed: ``(output, seconds, self-attention share, cost)``.
 
     Self-attention: the calls the model makes with queries as many as keys,
     timed with whatever override ``model`` has (ours) inside. ``cost``: the
@@ -219,7 +220,8 @@ def traced_forward(model, inputs, device):
 
     start = time.perf_counter()
     out = forward(model, inputs, device, override=timed)
-    return out, spent[0] / (time.perf_counter() - start), reached[0] / max(made[0], 1)
+    seconds = time.perf_counter() - start
+    return out, seconds, spent[0] / seconds, reached[0] / max(made[0], 1)
 
 
 def make_inputs(case: Case, dtype: torch.dtype, device: torch.device):
@@ -236,17 +238,19 @@ def run_case(dit, case: Case, args, device) -> list[dict]:
     model = build(case, dtype, device)
     inputs = make_inputs(case, dtype, device)
     models = variants(dit, model, args.ratio, args.merge, args.time_factor)
-    distance, peaks, shares, costs = {}, {}, {}, {}
+    distance, peaks, shares, costs, traced = {}, {}, {}, {}, {}
     for name, m in models.items():  # warm-up, self-attention share, output distance, peak memory
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        out, shares[name], costs[name] = traced_forward(m, inputs, device)
+        out, traced[name], shares[name], costs[name] = traced_forward(m, inputs, device)
         out = out.float()
         if name == "none":
             baseline = out
         distance[name] = float((out - baseline).norm() / baseline.norm())
         peaks[name] = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
-    times = {name: [] for name in models}
+    # --repeats 0: the warm-up forward is the one timed (on a CPU, where the per-call synchronisation is free and a
+    # forward of a large input takes minutes).
+    times = {name: [] if args.repeats else [traced[name]] for name in models}
     for _ in range(args.repeats):
         for name, m in models.items():
             start = time.perf_counter()
@@ -286,18 +290,19 @@ def main() -> None:
     parser.add_argument("--frames", type=int, nargs="+", default=[17],
                         help="wan13b, hunyuan, ltxv: video lengths in frames")
     parser.add_argument("--blocks", type=int,
-                        help="sd35m, wan13b, ltxv: run only this many of the model's blocks (hunyuan: of each kind)")
+                        help="sd35m, wan13b, ltxv: run only this many of the model's blocks (hunyuan: double blocks)")
     parser.add_argument("--px", type=int, nargs="+", default=[1024], help="flux: image sizes in pixels")
     parser.add_argument("--flux-blocks", type=int, nargs=2, default=[2, 4], metavar=("DOUBLE", "SINGLE"),
                         help="flux: how many double and single blocks (the real model has 19 and 38)")
-    parser.add_argument("--ratio", type=float, nargs="+", default=[0.5], help="ToMe ratios")
+    parser.add_argument("--ratio", type=float, nargs="*", default=[0.5], help="ToMe ratios (none: no ToMe rows)")
     parser.add_argument("--merge", nargs="+", choices=["qkv", "kv"], default=["qkv", "kv"],
                         help="ToMe: what is merged (q, k and v, or k and v only)")
     parser.add_argument("--time-factor", type=int, help="also ToDo 2 pooling this many frames (video models)")
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16", help="weights and activations")
     parser.add_argument("--no-sdpa", dest="sdpa", action="store_false",
                         help="ComfyUI's default attention instead of PyTorch SDPA")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds; the minimum is reported")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed rounds; the minimum is reported (0: the warm-up forward is the one timed)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder for JSON and Markdown")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
