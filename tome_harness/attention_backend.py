@@ -67,6 +67,11 @@ class AttentionBackend:
         self.calls: list[KernelCall] = []
         self._lock = threading.Lock()  # cond and uncond may run in two threads
 
+    def __deepcopy__(self, memo):
+        # 0.3.75's clone() deep-copies model_options; the real node's override is a function, which a deep copy
+        # shares: so are these (the late host shares every patch object anyway).
+        return self
+
     def apply(self, model):
         """The node: a clone of ``model`` with the backend's override on top and its step callback."""
         patched = model.clone()
@@ -112,6 +117,9 @@ class BackendOverride:
 
     backend: AttentionBackend
     previous: object = None
+
+    def __deepcopy__(self, memo):
+        return self  # shared by clones, as a function is (see AttentionBackend.__deepcopy__)
 
     def __call__(self, func, *args, **kwargs):
         # Installed twice (at the node and again over ours at a step), the inner copy is handed the outer

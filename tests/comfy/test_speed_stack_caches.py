@@ -207,13 +207,13 @@ def token_major(t, kwargs):
     return t.transpose(1, 2) if kwargs.get("skip_reshape") else t
 
 
-def dit_sample(comfy_nodes, model, family, seed=3):
+def dit_sample(comfy_nodes, model, family, seed=3, steps=STEPS):
     """A real KSampler run at cfg 2; cond and uncond of 7 and 5 text tokens run as separate model calls."""
     generator = torch.Generator().manual_seed(5)
     positive, negative = ([[torch.randn(1, text, dit_models.CONTEXT_DIM, generator=generator),
                             {"pooled_output": torch.zeros(1, dit_models.CONTEXT_DIM)}]] for text in (7, 5))
     latent = {"samples": torch.zeros(DIT_LATENTS[family])}
-    (out,) = comfy_nodes.KSampler().sample(model, seed, STEPS, 2.0, "euler", "normal", positive, negative, latent)
+    (out,) = comfy_nodes.KSampler().sample(model, seed, steps, 2.0, "euler", "normal", positive, negative, latent)
     return out["samples"]
 
 
