@@ -98,3 +98,39 @@ def build_controlnet(family: str, seed: int = 1, **kwargs):
                                                device="cpu", **config)
     randomize(control_model, seed)
     return comfy.controlnet.ControlNet(control_model.eval(), load_device=torch.device("cpu"))
+
+
+def build_fp8_unet_model(family: str, seed: int = 0, weight_dtype: torch.dtype = torch.float8_e4m3fn, **kwargs):
+    """``build_unet_model(family, seed, **kwargs)`` loaded as ``UNETLoader`` loads a diffusion model with its fp8
+    ``weight_dtype`` (``comfy.sd.load_diffusion_model_state_dict`` in ComfyUI 0.3.75): weights stored in
+    ``weight_dtype``, cast per layer to the manual-cast dtype ComfyUI picks for the device (float32 on the CPU).
+    The model config is built directly: ComfyUI's detection would not take a narrowed U-Net for SD1.5."""
+    import comfy.model_management
+    import comfy.model_patcher
+
+    state_dict = build_unet_model(family, seed, **kwargs).model.diffusion_model.state_dict()
+    config = model_config(family, **kwargs)
+    device = torch.device("cpu")
+    manual_cast = comfy.model_management.unet_manual_cast(weight_dtype, device, config.supported_inference_dtypes)
+    config.set_inference_dtype(weight_dtype, manual_cast)
+    model = config.get_model(state_dict, "", device="cpu")
+    model.load_model_weights(state_dict, "")
+    model.eval()
+    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
+
+
+def random_lora(model, rank: int = 4, seed: int = 0, scale: float = 0.5) -> dict:
+    """A LoRA state dict (kohya names: ``lora_unet_<module>.lora_up/lora_down.weight``, ``.alpha``) for every
+    linear layer of ``model``'s U-Net transformer blocks, as ``LoraLoaderModelOnly`` loads from a file; ``scale``
+    sizes the update against the layer's weights (random weights here are of unit fan-in scale)."""
+    generator = torch.Generator().manual_seed(seed)
+    lora = {}
+    for name, param in model.model.diffusion_model.named_parameters():
+        if ".transformer_blocks." not in name or not name.endswith(".weight") or param.ndim != 2:
+            continue
+        out_features, in_features = param.shape
+        key = "lora_unet_" + name[: -len(".weight")].replace(".", "_")
+        lora[f"{key}.lora_up.weight"] = torch.randn(out_features, rank, generator=generator) * scale / math.sqrt(rank)
+        lora[f"{key}.lora_down.weight"] = torch.randn(rank, in_features, generator=generator) / math.sqrt(in_features)
+        lora[f"{key}.alpha"] = torch.tensor(float(rank))
+    return lora
