@@ -256,6 +256,7 @@ def test_step_caches_with_each_node_on_dits(comfy_nodes, pack, dits, family, nod
     torch.testing.assert_close(second, first, rtol=0, atol=0)
     assert skipped_again == skipped
     check_steps(by_step, skipped)
+    assert "cannot be stacked" not in caplog.text  # skipped steps call no attention: no dropped-override warning
     for sigma, keys in by_step.items():
         assert set(keys) & DIT_KEYS[family, node], (sigma, keys)  # reduced self-attention on this step
         assert not set(keys) & DIT_FULL_KEYS[family], (sigma, keys)  # and none left whole
