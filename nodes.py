@@ -9,6 +9,8 @@ optional.
 
 from __future__ import annotations
 
+import dataclasses
+
 from comfy_api.latest import ComfyExtension, io
 
 from .tome.downsample import METHODS, NEAREST
@@ -16,6 +18,18 @@ from .tome.hosts.comfyui_models import apply_todo, apply_tome
 from .tome.hosts.comfyui_unet import DOWNSAMPLE_CHOICES, MERGE_MODES, MERGE_QKV, SCOPE_SELF, SCOPES
 
 CATEGORY = "model_patches/unet"
+
+# Other words people search for. ComfyUI sends them in /object_info and its frontend's node search matches them
+# since January 2026 (io.Schema's search_aliases); ComfyUI 0.3.75's schema has no such field, so there they are
+# left out and the nodes are found by their names only.
+TOME_ALIASES = ["tome", "token merging", "merge tokens", "TomePatchModel", "speed up", "faster"]
+TODO_ALIASES = ["todo", "token downsampling", "downsample tokens", "tome", "TomePatchModel", "speed up", "faster"]
+HAS_SEARCH_ALIASES = "search_aliases" in {field.name for field in dataclasses.fields(io.Schema)}
+
+
+def search_aliases(aliases: list[str]) -> dict[str, list[str]]:
+    """The search_aliases argument of io.Schema, where this ComfyUI's schema has it."""
+    return {"search_aliases": aliases} if HAS_SEARCH_ALIASES else {}
 
 
 def model_input() -> io.Model.Input:
@@ -70,7 +84,8 @@ class ApplyToMe(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(node_id="ApplyToMe", display_name="Apply ToMe", category=CATEGORY,
-                         description=TOME_DESCRIPTION, inputs=tome_inputs(), outputs=[io.Model.Output()])
+                         description=TOME_DESCRIPTION, inputs=tome_inputs(), outputs=[io.Model.Output()],
+                         **search_aliases(TOME_ALIASES))
 
     @classmethod
     def execute(cls, model, ratio, stride_x, stride_y, max_downsample) -> io.NodeOutput:
@@ -83,6 +98,7 @@ class ApplyToMeAdvanced(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="ApplyToMeAdvanced", display_name="Apply ToMe (Advanced)", category=CATEGORY,
+            **search_aliases(TOME_ALIASES),
             description=TOME_DESCRIPTION + (" The advanced node adds the seed, the merge mode, a sampling window, "
                                             "the modules merged (scope) and reuse of a matching across steps."),
             inputs=[
@@ -126,6 +142,7 @@ class ApplyToDo(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="ApplyToDo", display_name="Apply ToDo (Token Downsampling)", category=CATEGORY,
+            **search_aliases(TODO_ALIASES),
             description=("Token Downsampling (Smith, Saxena & Saha 2024): self-attention keeps every query and "
                          "attends to keys and values pooled over factor x factor cells of the token grid. No "
                          "similarity search and nothing to unmerge, so its overhead is close to nothing. SD1.x, "

@@ -2,6 +2,8 @@
 # Set up everything on a fresh machine; safe to run again (it skips what is done).
 #  - .venv/ with the pinned requirements (torch 2.13.0, CPU build, from this machine's disk), and this
 #    repository's tome/ and tome_harness/ packages installed in editable mode;
+#  - .venv-tools/ with comfy-cli (requirements/tools.txt), for `comfy node validate` and the registry's packer:
+#    its own environment, since it pulls in packages the test host does not need;
 #  - a ComfyUI 0.3.75 host in .comfyui/, unless COMFYUI_PATH names your own ComfyUI;
 #  - Debian's chromium, for the browser tests (Playwright drives it; it cannot download a browser here).
 set -euo pipefail
@@ -22,6 +24,16 @@ if ! .venv/bin/python -I -c 'import pathlib, sys, tome_harness
 sys.exit(pathlib.Path(tome_harness.__file__).resolve().parents[1] != pathlib.Path(sys.argv[1]).resolve())' "$PWD" \
         2> /dev/null; then
     .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e . 2> >(grep -v "^WARNING: Location" >&2)
+fi
+
+if [ ! -x .venv-tools/bin/python ]; then
+    "${PYTHON:-python3}" -m venv .venv-tools
+fi
+stamp=.venv-tools/.requirements.sha256
+wanted=$(sha256sum requirements/tools.txt | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+    .venv-tools/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/tools.txt 2> >(grep -v "^WARNING: Location" >&2)
+    echo "$wanted" > "$stamp"
 fi
 
 if [ -n "${COMFYUI_PATH:-}" ]; then
