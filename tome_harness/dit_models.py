@@ -70,6 +70,14 @@ DIT_CONFIGS = {
         "guidance_embed": False, "byt5": True, "meanflow": False, "use_cond_type_embedding": True,
         "vision_in_dim": CONTEXT_DIM,
     }),
+    # HunyuanImage 2.1: HunyuanVideo's network on images, 2D 1x1 patches of a 64-channel latent, two RoPE axes.
+    "hunyuan_image21": ("HunyuanImage21", {
+        "image_model": "hunyuan_video", "in_channels": 64, "out_channels": 64, "patch_size": [1, 1],
+        "vec_in_dim": None, "context_in_dim": CONTEXT_DIM, "hidden_size": 64, "mlp_ratio": 2.0, "num_heads": 2,
+        "depth": 1, "depth_single_blocks": 1, "axes_dim": [16, 16], "theta": 256, "qkv_bias": True,
+        "guidance_embed": False, "byt5": False, "meanflow": False, "use_cond_type_embedding": False,
+        "vision_in_dim": None,
+    }),
     "ltxv": ("LTXV", {  # one latent pixel per token (patch 1x1x1), 128 latent channels
         "image_model": "ltxv", "in_channels": 128, "cross_attention_dim": 64, "attention_head_dim": 32,
         "num_attention_heads": 2, "caption_channels": CONTEXT_DIM, "num_layers": 2,
@@ -134,7 +142,7 @@ DIT_CONFIGS = {
 }
 FAMILIES = ("flux", "sd3", "wan21", "qwen_image", "lumina2")  # one model of each first-wave family
 # The second wave: video models, Wan's variants and Flux's descendants, HiDream and Cosmos.
-SECOND_WAVE = ("hunyuan_video", "hunyuan_video15", "ltxv", "wan22_5b", "wan21_i2v", "wan21_vace", "cosmos_predict2",
+SECOND_WAVE = ("hunyuan_video", "hunyuan_video15", "hunyuan_image21", "ltxv", "wan22_5b", "wan21_i2v", "wan21_vace", "cosmos_predict2",
                "flux2", "chroma", "chroma_radiance", "hidream")
 
 

@@ -21,7 +21,8 @@ ALL_FAMILIES = dit_models.FAMILIES + dit_models.SECOND_WAVE
 VIDEO = (1, 16, 3, 10, 12)
 LATENTS = {"wan21": VIDEO, "wan21_fun": VIDEO, "qwen_image": (1, 16, 1, 10, 12), "hunyuan_video": VIDEO,
            "hunyuan_video15": (1, 32, 3, 10, 12), "ltxv": (1, 128, 3, 5, 6), "wan22_5b": (1, 48, 3, 10, 12), "wan21_i2v": VIDEO,
-           "wan21_vace": VIDEO, "cosmos_predict2": VIDEO, "flux2": (1, 128, 5, 6), "chroma_radiance": (1, 3, 80, 96)}
+           "wan21_vace": VIDEO, "cosmos_predict2": VIDEO, "flux2": (1, 128, 5, 6), "chroma_radiance": (1, 3, 80, 96),
+           "hunyuan_image21": (1, 64, 5, 6)}
 LATENT = (1, 16, 10, 12)
 GRID = (5, 6)
 BYT5, VISION, LLAMA = 4, 3, 3  # HunyuanVideo 1.5's glyph and vision tokens, HiDream's LLM tokens (used twice)
@@ -35,6 +36,7 @@ IMAGE_STARTS = {
     "lumina2": ({8 + 32: 8, 32: 0}, 1),  # text and image each padded to 8s; refiners: text (8) alone, image alone
     "hunyuan_video": ({90 + COND_TEXT: 0, 90 + UNCOND_TEXT: 0}, 3),  # [video | text]; the refiner: text alone
     "hunyuan_video15": ({90 + VISION + BYT5 + COND_TEXT: 0, 90 + VISION + BYT5 + UNCOND_TEXT: 0}, 3),
+    "hunyuan_image21": ({30 + COND_TEXT: 0, 30 + UNCOND_TEXT: 0}, 1),  # HunyuanVideo's [image | text], one frame
     "ltxv": ({90: 0}, 3),  # video only, then cross-attention to the text
     "wan22_5b": ({90: 0}, 3),
     "wan21_i2v": ({90: 0}, 3),  # cross-attention to the text and to the CLIP vision tokens
@@ -335,7 +337,7 @@ def test_the_input_model_is_untouched_and_a_second_node_replaces_the_first(comfy
 
 
 FAMILY_OF_MODEL = {"wan21": "wan", "wan22_5b": "wan", "wan21_i2v": "wan", "wan21_vace": "wan",
-                   "hunyuan_video15": "hunyuan_video", "flux2": "flux", "chroma": "flux", "chroma_radiance": "flux"}
+                   "hunyuan_video15": "hunyuan_video", "hunyuan_image21": "hunyuan_video", "flux2": "flux", "chroma": "flux", "chroma_radiance": "flux"}
 
 
 def test_each_family_is_recognised_and_a_u_net_passes_through_with_a_warning(dit, models, sd15, caplog):
