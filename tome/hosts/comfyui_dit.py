@@ -65,8 +65,9 @@ HUNYUAN_VIDEO, LTXV, HIDREAM, COSMOS = "hunyuan_video", "ltxv", "hidream", "cosm
 FAMILIES = (FLUX, SD3, WAN, QWEN_IMAGE, LUMINA2, HUNYUAN_VIDEO, LTXV, HIDREAM, COSMOS)
 # Class names (of ComfyUI's model_base class, or of its diffusion model) and their family; matched anywhere
 # in the class hierarchy. Flux 2, Chroma and Chroma Radiance run Flux's token order ([text | image | refs]) and
-# count as Flux; Wan 2.2 (TI2V-5B), VACE, i2v and Fun count as Wan; HunyuanVideo 1.5 as HunyuanVideo. Wan's
-# S2V, Animate and HuMo add tokens of their own to the video: their calls are unrecognised lengths.
+# count as Flux; Wan 2.2 (TI2V-5B), VACE, i2v and Fun count as Wan; HunyuanVideo 1.5 and HunyuanImage 2.1 (its
+# network) as HunyuanVideo. Wan's S2V, Animate and HuMo add tokens of their own to the video: their calls are
+# unrecognised lengths.
 FAMILY_OF_CLASS = {
     "Flux": FLUX, "SD3": SD3, "MMDiT": SD3, "WAN21": WAN, "WanModel": WAN,
     "QwenImage": QWEN_IMAGE, "QwenImageTransformer2DModel": QWEN_IMAGE, "Lumina2": LUMINA2, "NextDiT": LUMINA2,
