@@ -83,17 +83,20 @@ DIT_CONFIGS = {
         "num_attention_heads": 2, "caption_channels": CONTEXT_DIM, "num_layers": 2,
     }),
     # Wan 2.2 TI2V-5B: 48 latent channels (its VAE compresses 16x16 spatially), the same 1x2x2 patches.
-    "wan22_5b": ("WAN22_T2V", {"image_model": "wan2.1", "model_type": "t2v", "dim": 64, "out_dim": 48, "num_heads": 2, "ffn_dim": 128,
-        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
-        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 48, "text_dim": CONTEXT_DIM,
+    "wan22_5b": ("WAN22_T2V", {
+        "image_model": "wan2.1", "model_type": "t2v", "dim": 64, "out_dim": 48, "num_heads": 2,
+        "ffn_dim": 128, "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1),
+        "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6, "in_dim": 48, "text_dim": CONTEXT_DIM,
     }),
     # Wan 2.1 image-to-video: the image enters as channels; CLIP vision tokens are a second cross-attention.
-    "wan21_i2v": ("WAN21_I2V", {"image_model": "wan2.1", "model_type": "i2v", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
+    "wan21_i2v": ("WAN21_I2V", {
+        "image_model": "wan2.1", "model_type": "i2v", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
         "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
         "cross_attn_norm": True, "eps": 1e-6, "in_dim": 36, "text_dim": CONTEXT_DIM,
     }),
     # VACE: control blocks run self-attention on the control video's tokens, as many as the video's.
-    "wan21_vace": ("WAN21_Vace", {"image_model": "wan2.1", "model_type": "vace", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
+    "wan21_vace": ("WAN21_Vace", {
+        "image_model": "wan2.1", "model_type": "vace", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
         "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
         "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16, "text_dim": CONTEXT_DIM,
         "vace_layers": 1, "vace_in_dim": 96,
@@ -142,8 +145,8 @@ DIT_CONFIGS = {
 }
 FAMILIES = ("flux", "sd3", "wan21", "qwen_image", "lumina2")  # one model of each first-wave family
 # The second wave: video models, Wan's variants and Flux's descendants, HiDream and Cosmos.
-SECOND_WAVE = ("hunyuan_video", "hunyuan_video15", "hunyuan_image21", "ltxv", "wan22_5b", "wan21_i2v", "wan21_vace", "cosmos_predict2",
-               "flux2", "chroma", "chroma_radiance", "hidream")
+SECOND_WAVE = ("hunyuan_video", "hunyuan_video15", "hunyuan_image21", "ltxv", "wan22_5b", "wan21_i2v", "wan21_vace",
+               "cosmos_predict2", "flux2", "chroma", "chroma_radiance", "hidream")
 
 
 @torch.no_grad()

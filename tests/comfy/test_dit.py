@@ -20,9 +20,9 @@ ALL_FAMILIES = dit_models.FAMILIES + dit_models.SECOND_WAVE
 # frames of them, Qwen-Image one; LTX-Video and Flux 2 patch 1x1, Chroma Radiance 16x16 pixels.
 VIDEO = (1, 16, 3, 10, 12)
 LATENTS = {"wan21": VIDEO, "wan21_fun": VIDEO, "qwen_image": (1, 16, 1, 10, 12), "hunyuan_video": VIDEO,
-           "hunyuan_video15": (1, 32, 3, 10, 12), "ltxv": (1, 128, 3, 5, 6), "wan22_5b": (1, 48, 3, 10, 12), "wan21_i2v": VIDEO,
-           "wan21_vace": VIDEO, "cosmos_predict2": VIDEO, "flux2": (1, 128, 5, 6), "chroma_radiance": (1, 3, 80, 96),
-           "hunyuan_image21": (1, 64, 5, 6)}
+           "hunyuan_video15": (1, 32, 3, 10, 12), "hunyuan_image21": (1, 64, 5, 6), "ltxv": (1, 128, 3, 5, 6),
+           "wan22_5b": (1, 48, 3, 10, 12), "wan21_i2v": VIDEO, "wan21_vace": VIDEO, "cosmos_predict2": VIDEO,
+           "flux2": (1, 128, 5, 6), "chroma_radiance": (1, 3, 80, 96)}
 LATENT = (1, 16, 10, 12)
 GRID = (5, 6)
 BYT5, VISION, LLAMA = 4, 3, 3  # HunyuanVideo 1.5's glyph and vision tokens, HiDream's LLM tokens (used twice)
@@ -337,7 +337,8 @@ def test_the_input_model_is_untouched_and_a_second_node_replaces_the_first(comfy
 
 
 FAMILY_OF_MODEL = {"wan21": "wan", "wan22_5b": "wan", "wan21_i2v": "wan", "wan21_vace": "wan",
-                   "hunyuan_video15": "hunyuan_video", "hunyuan_image21": "hunyuan_video", "flux2": "flux", "chroma": "flux", "chroma_radiance": "flux"}
+                   "hunyuan_video15": "hunyuan_video", "hunyuan_image21": "hunyuan_video", "flux2": "flux",
+                   "chroma": "flux", "chroma_radiance": "flux"}
 
 
 def test_each_family_is_recognised_and_a_u_net_passes_through_with_a_warning(dit, models, sd15, caplog):

@@ -49,7 +49,16 @@ import torch.nn.functional as F
 from ..downsample import MAX, METHODS, NEAREST
 from ..grid import derive_seed
 from ..merge import IDENTITY, build_plan
-from .comfyui import OUTER_SAMPLE, WRAPPER_KEY, Reach, capped_ratio, check_choice, check_range, current_sigma, sigma_window
+from .comfyui import (
+    OUTER_SAMPLE,
+    WRAPPER_KEY,
+    Reach,
+    capped_ratio,
+    check_choice,
+    check_range,
+    current_sigma,
+    sigma_window,
+)
 from .comfyui_unet import MERGE_KV, MERGE_MODES, MERGE_Q, MERGE_QKV
 
 log = logging.getLogger(__name__)
