@@ -1,2 +1,32 @@
 """Shared by every test layer. ``tome`` and ``tome_harness`` are installed (editable) by scripts/setup.sh; the
-commands in scripts/ that tests import are on the path through pytest's ``pythonpath`` (pyproject.toml)."""
+commands in scripts/ that tests import are on the path through pytest's ``pythonpath`` (pyproject.toml).
+
+The default run (``bash scripts/test.sh``) leaves out the tests marked ``slow``; ``bash scripts/test.sh --full``
+and CI run them too. Mark a test of your own with ``@pytest.mark.slow``; the heaviest tests of files that do
+not mark their own are listed in SLOW below. Both runs spread over pytest-xdist workers by group: the tests that
+share a ComfyUI (in-process, or the test server) stay on one worker, so each is started once.
+"""
+
+import pytest
+
+# Each starts ComfyUI again (a second, third or fourth server), loads a full-size U-Net or runs a benchmark in
+# fresh processes: the heaviest of the default run, measured with --durations.
+SLOW = (
+    "tests/comfy/test_sdxl_workflow.py::",
+    "tests/comfy/test_bench_smoke.py::test_gpu_table_smoke_runs_on_the_cpu",
+    "tests/comfy/test_bench_smoke.py::test_memory_children_see_tome_shrink_attention_and_fail_cleanly_over_a_cap",
+    "tests/server/test_client.py::test_a_batch_of_seeds_spreads_over_two_workers_and_a_rerun_skips_it",
+    "tests/server/test_client.py::test_a_worker_stopped_mid_batch_has_its_job_done_by_the_other",
+    "tests/server/test_client.py::test_a_worker_frozen_mid_job_is_dropped_and_its_job_done_by_the_other",
+)
+# Tests under these folders share one ComfyUI per worker: the in-process host, or the test server.
+GROUPS = {"tests/comfy/": "comfy-in-process", "tests/server/": "comfy-server"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+        for folder, group in GROUPS.items():
+            if item.nodeid.startswith(folder):
+                item.add_marker(pytest.mark.xdist_group(group))
