@@ -57,13 +57,16 @@ class AttentionBackend:
     """The emulated node: ``apply`` is its ``execute``; ``calls`` records what its kernel computed on.
 
     ``chains``: the override found is chained (the pattern above). ``False`` emulates a backend that takes the
-    slot and drops what was there (a kernel that never calls the previous override).
+    slot and drops what was there (a kernel that never calls the previous override). ``reinstalls``: the step
+    callback is registered (the pattern above); ``False`` emulates a backend set once, at the node, as the
+    Sage-attention patch nodes of custom packs do.
     """
 
     name = "Model Sparse Attention"
 
-    def __init__(self, chains: bool = True):
+    def __init__(self, chains: bool = True, reinstalls: bool = True):
         self.chains = chains
+        self.reinstalls = reinstalls
         self.calls: list[KernelCall] = []
         self._lock = threading.Lock()  # cond and uncond may run in two threads
 
@@ -77,7 +80,8 @@ class AttentionBackend:
         patched = model.clone()
         options = patched.model_options.setdefault("transformer_options", {})
         options[OVERRIDE_KEY] = BackendOverride(self, options.get(OVERRIDE_KEY))
-        patched.add_callback_with_key(ON_PREPARE_STATE, CALLBACK_KEY, self.prepare_state)
+        if self.reinstalls:
+            patched.add_callback_with_key(ON_PREPARE_STATE, CALLBACK_KEY, self.prepare_state)
         return patched
 
     def prepare_state(self, patcher, timestep, model_options=None):

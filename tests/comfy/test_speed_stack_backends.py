@@ -155,6 +155,19 @@ def test_a_backend_that_drops_the_override_it_finds_drops_ours_in_either_order(c
     assert keys >= DIT_FULL_KEYS["flux"] and not keys & DIT_KEYS["flux", "ApplyToDo"]
 
 
+def test_a_backend_set_once_that_drops_the_override_it_finds_works_only_before_ours(comfy_nodes, pack, dits,
+                                                                                   late_host):
+    """Set at its node only (no step callback) and not chaining: before ours, ours keeps it as its inner
+    attention and hands it the reduced tensors; after ours, it replaces ours for good."""
+    found = {}
+    for order in (BEFORE, AFTER):
+        backend = AttentionBackend(chains=False, reinstalls=False)
+        dit_sample(comfy_nodes, stacked(pack, dits["flux"], "ApplyToDo", order, backend), "flux", steps=DIT_STEPS)
+        found[order] = {c.keys for c in backend.calls}
+    assert found[BEFORE] & DIT_KEYS["flux", "ApplyToDo"] and not found[BEFORE] & DIT_FULL_KEYS["flux"]
+    assert found[AFTER] >= DIT_FULL_KEYS["flux"] and not found[AFTER] & DIT_KEYS["flux", "ApplyToDo"]
+
+
 @pytest.mark.xfail(strict=True, reason="proposed in /work/notes/issue20_stack.md: the layout wrapper warns "
                                        "once per run when another override on top never calls ours")
 def test_a_backend_that_drops_ours_is_named_in_one_warning_per_run(comfy_nodes, pack, dits, late_host, caplog):
