@@ -8,7 +8,7 @@ import pytest
 import tome_client
 import ui_workflows
 
-from tome_harness.comfyui import ROOT
+from tome_harness.comfyui import PACK_NAME, ROOT
 
 WORKFLOWS = ROOT / "workflows" / "api"
 SD15_WORKFLOWS = sorted(p.name for p in WORKFLOWS.glob("sd15_*.json"))
@@ -115,10 +115,21 @@ def test_an_api_graph_saved_before_the_optional_inputs_existed_still_runs(server
 
 
 def test_the_pack_registers_through_the_v3_entry_point_only():
-    """A module exporting NODE_CLASS_MAPPINGS beside comfy_entrypoint would get its V1 nodes registered."""
+    """A module exporting NODE_CLASS_MAPPINGS beside comfy_entrypoint would get its V1 nodes registered; the one
+    other name ComfyUI reads there is WEB_DIRECTORY (the help pages)."""
     spec = importlib.util.spec_from_file_location("tome_pack_root", ROOT / "__init__.py",
                                                   submodule_search_locations=[str(ROOT)])
     package = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(package)
     assert callable(package.comfy_entrypoint)
-    assert not hasattr(package, "NODE_CLASS_MAPPINGS") and not hasattr(package, "NODE_DISPLAY_NAME_MAPPINGS")
+    assert {name for name in vars(package) if not name.startswith("_")} == {"comfy_entrypoint", "WEB_DIRECTORY"}
+
+
+@pytest.mark.parametrize("node", NODE_INPUTS)
+def test_the_server_serves_each_nodes_help_page_where_the_help_panel_looks(server, node):
+    """The frontend asks /extensions/<pack folder>/docs/<node id>.md (after a locale variant, <node id>/en.md).
+    The page names every input of the node."""
+    page = (ROOT / "web" / "docs" / f"{node}.md").read_text()
+    with urllib.request.urlopen(f"{server}/extensions/{PACK_NAME}/docs/{node}.md", timeout=30) as response:
+        assert response.read().decode() == page
+    assert [name for name in sorted(NODE_INPUTS[node]) if f"`{name}`" not in page] == []
