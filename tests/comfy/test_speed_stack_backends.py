@@ -10,8 +10,9 @@ reduced tensors. In both, the image equals that of our node alone (the kernel co
 attention), and the kernel computes exactly as many attentions per step as without our node.
 
 A backend that drops the override it finds (``chains=False``) cannot be stacked with Apply ToMe / ToDo on a
-DiT, in either order: it reinstalls itself over ours at every step. That is shown here, with the run-time
-warning proposed for it (docs: /work/notes/issue20_stack.md) as a strict xfail until it lands.
+DiT, in either order: it reinstalls itself over ours at every step. Set once at its node instead
+(``reinstalls=False``), it works only placed before ours. The run-time warning proposed for the first case
+(issue 20: the layout wrapper sees an override on top that never calls ours) is a strict xfail until it lands.
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def test_a_backend_set_once_that_drops_the_override_it_finds_works_only_before_o
     assert found[AFTER] >= DIT_FULL_KEYS["flux"] and not found[AFTER] & DIT_KEYS["flux", "ApplyToDo"]
 
 
-@pytest.mark.xfail(strict=True, reason="proposed in /work/notes/issue20_stack.md: the layout wrapper warns "
+@pytest.mark.xfail(strict=True, reason="proposed for issue 20: the layout wrapper warns "
                                        "once per run when another override on top never calls ours")
 def test_a_backend_that_drops_ours_is_named_in_one_warning_per_run(comfy_nodes, pack, dits, late_host, caplog):
     backend = AttentionBackend(chains=False)
