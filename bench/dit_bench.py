@@ -304,8 +304,8 @@ def main() -> None:
     parser.add_argument("--no-sdpa", dest="sdpa", action="store_false",
                         help="ComfyUI's default attention instead of PyTorch SDPA")
     parser.add_argument("--repeats", type=int, default=3,
-                        help="timed rounds; the minimum is reported (0: one untimed forward, then the warm-up forward is "
-                             "the one timed)")
+                        help="timed rounds; the minimum is reported (0: one untimed forward, then the warm-up "
+                             "forward is the one timed)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder for JSON and Markdown")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
