@@ -9,8 +9,8 @@ share a ComfyUI (in-process, or the test server) stay on one worker, so each is 
 
 import pytest
 
-# Each starts ComfyUI again (a second, third or fourth server), loads a full-size U-Net or runs a benchmark in
-# fresh processes: the heaviest of the default run, measured with --durations.
+# Each starts ComfyUI again (a second, third or fourth server), loads the full-size SDXL U-Net (about 10 GB) or
+# runs a benchmark in fresh processes that each boot ComfyUI.
 SLOW = (
     "tests/comfy/test_sdxl_workflow.py::",
     "tests/comfy/test_bench_smoke.py::test_gpu_table_smoke_runs_on_the_cpu",
