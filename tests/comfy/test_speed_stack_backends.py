@@ -11,8 +11,8 @@ attention), and the kernel computes exactly as many attentions per step as witho
 
 A backend that drops the override it finds (``chains=False``) cannot be stacked with Apply ToMe / ToDo on a
 DiT, in either order: it reinstalls itself over ours at every step. Set once at its node instead
-(``reinstalls=False``), it works only placed before ours. The run-time warning proposed for the first case
-(issue 20: the layout wrapper sees an override on top that never calls ours) is a strict xfail until it lands.
+(``reinstalls=False``), it works only placed before ours. In the first case ours says so at run time: the layout
+wrapper sees an override on top that never calls ours and warns once per sampling run, naming it.
 """
 
 from __future__ import annotations
@@ -179,8 +179,6 @@ def test_a_backend_set_once_that_drops_the_override_it_finds_works_only_before_o
     assert found[AFTER] >= DIT_FULL_KEYS["flux"] and not found[AFTER] & DIT_KEYS["flux", "ApplyToDo"]
 
 
-@pytest.mark.xfail(strict=True, reason="proposed for issue 20: the layout wrapper warns "
-                                       "once per run when another override on top never calls ours")
 def test_a_backend_that_drops_ours_is_named_in_one_warning_per_run(comfy_nodes, pack, dits, late_host, caplog):
     backend = AttentionBackend(chains=False)
     with caplog.at_level(logging.WARNING):

@@ -15,6 +15,14 @@ own ``transformer_options``: a ``PlanCache`` put there by a keyed
 ``OUTER_SAMPLE`` wrapper, which ComfyUI calls once per run on a copy of the
 model options made for that run. It ends with the run, on every host, so no
 ``cleanup()`` has anything to clear, and no other clone or thread can see it.
+
+Patches run outside compiled graphs (``eager``). ComfyUI's ``TorchCompileModel``
+compiles the diffusion model, and the ComfyUI of late 2026 drops every dynamo
+guard whose name holds ``transformer_options``. Our patch objects are reached
+only through ``transformer_options``, so anything dynamo traced in them (the
+ratio, the step window, ``reuse_steps``, which plan a call gets) would be
+frozen into the graph at the first call and silently reused by every later
+call and by every other clone of the compiled model.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+import torch
+
 from ..grid import block_grid, ratio_cap
 
 log = logging.getLogger(__name__)
@@ -34,6 +44,13 @@ OUTER_SAMPLE = "outer_sample"  # comfy.patcher_extension.WrappersMP.OUTER_SAMPLE
 WRAPPER_KEY = "tome"  # our key for wrappers, so a second node replaces the first instead of stacking
 RUN_KEY = "tome_run"  # in a sampling run's transformer_options: that run's PlanCache
 SIGMA_KEY = "tome_sigma"  # in a block call's extra_options: its sigma as a float
+
+
+def eager(func: Callable) -> Callable:
+    """``func`` never traced by ``torch.compile``: a compiled diffusion model calls it as plain Python, so the
+    decisions in it are made afresh at every call (see the module docstring). The tensors it returns flow back
+    into the compiled graph."""
+    return torch.compiler.disable(func, recursive=True)
 
 
 def current_sigma(extra_options) -> float | None:

@@ -57,6 +57,7 @@ from .comfyui import (
     check_choice,
     check_range,
     current_sigma,
+    eager,
     sigma_window,
 )
 from .comfyui_unet import MERGE_KV, MERGE_MODES, MERGE_Q, MERGE_QKV
@@ -335,7 +336,40 @@ class LayoutWrapper:
         options[LAYOUT_KEY] = self.spec.layout(x.shape, text, conds)
         if RUN_KEY not in options:  # a model call outside a sampling run is a run of its own
             options[RUN_KEY] = RunWarnings()
-        return executor(x, t, c_concat, c_crossattn, control, options, **conds)
+        on_top = options.get(OVERRIDE_KEY)
+        if on_top is None or isinstance(on_top, DiTReduction):
+            return executor(x, t, c_concat, c_crossattn, control, options, **conds)
+        # Another node put its override over ours after our node ran (an attention backend reinstalling itself
+        # at every step): watch, for this call, whether it still calls ours.
+        watch = options[OVERRIDE_KEY] = OverrideWatch(on_top)
+        out = executor(x, t, c_concat, c_crossattn, control, options, **conds)
+        if watch.calls and not watch.reached and options[RUN_KEY].first("dropped"):
+            warn_dropped(on_top)
+        return out
+
+
+@dataclass
+class OverrideWatch:
+    """Another node's override, found on top of ours in one model call, called in its place: counts its calls;
+    ours, when reached below it, sets ``reached``. Outside compiled graphs, as ours is: its counts are state."""
+
+    inner: Callable
+    calls: int = 0
+    reached: bool = False
+
+    @eager
+    def __call__(self, func, *args, **kwargs):
+        self.calls += 1
+        return self.inner(func, *args, **kwargs)
+
+
+def warn_dropped(override) -> None:
+    """One line, once per sampling run: the override on top of ours never calls ours."""
+    name = getattr(override, "__qualname__", None) or type(override).__qualname__
+    module = getattr(override, "__module__", None) or type(override).__module__
+    log.warning("Apply ToDo / Apply ToMe: another node's attention override (%s from %s) replaced this pack's "
+                "at run time and does not call it, so nothing is reduced in this run; that node cannot be "
+                "stacked with Apply ToDo / Apply ToMe on a DiT", name, module)
 
 
 # Token-major tensor operations.
@@ -461,10 +495,14 @@ class DiTReduction:
     tome: DiTToMe | None = None
     inner: Callable | None = None
 
+    @eager  # outside compiled graphs: the layout, the window and the plan are decided at every call
     def __call__(self, func, *args, **kwargs):
         """``wrap_attn``'s call: ``func(q, k, v, heads, [mask], **kwargs)`` is the attention it would run."""
         attention = func if self.inner is None else functools.partial(self.inner, func)
         options = kwargs.get("transformer_options") or {}
+        watch = options.get(OVERRIDE_KEY)
+        if isinstance(watch, OverrideWatch):  # another override is on top of ours, and it called ours
+            watch.reached = True
         layout = options.get(LAYOUT_KEY)
         mask = args[4] if len(args) > 4 else kwargs.get("mask")
         if layout is None or mask is not None or len(args) < 3:

@@ -13,7 +13,8 @@ that the block's attn1 patch sets and the feed-forward clears (per thread, so
 cond and uncond in two threads never see each other's plan).
 
 Patch objects hold only their frozen settings, as they are shared by every
-clone and called from several threads (see ``comfyui``); ``apply_tome`` and
+clone and called from several threads, and every entry point runs ``eager``
+outside a compiled graph (see ``comfyui``); ``apply_tome`` and
 ``apply_todo`` clone the model and register them. No ComfyUI import.
 """
 
@@ -37,6 +38,7 @@ from .comfyui import (
     check_choice,
     check_range,
     current_sigma,
+    eager,
     has_patches,
     sigma_window,
     wants_run_cache,
@@ -123,6 +125,7 @@ class ToMeAttn1Patch:
         return build_plan(n, w, h, s.sx, s.sy, int(n.shape[1] * s.ratio), no_rand=not s.use_rand,
                           generator=generator)
 
+    @eager
     def __call__(self, n, context, value, extra_options):
         plan = self.plan(n, extra_options)
         if self.settings.modules != SCOPE_SELF:
@@ -156,6 +159,7 @@ class ToMeUnmergePatch:
     def __init__(self, key: str):
         self.key = key
 
+    @eager
     def __call__(self, out, extra_options):
         plan = extra_options.pop(self.key, None)
         return out if plan is None else plan.unmerge(out)
@@ -164,6 +168,7 @@ class ToMeUnmergePatch:
 class ToMeAttn2Patch:
     """Merges the queries of cross-attention with the block's plan (the text context stays whole)."""
 
+    @eager
     def __call__(self, n, context, value, extra_options):
         plan = extra_options.get(BLOCK_PLAN_KEY, IDENTITY)
         if plan is IDENTITY or n.shape[1] != plan.n_tokens:
@@ -175,6 +180,7 @@ class ToMeAttn2Patch:
 class MergedFeedForward:
     """Mixed into the class of a block's feed-forward: runs it on the tokens merged by the block's plan."""
 
+    @eager
     def forward(self, x):
         plan = _FEED_FORWARD_PLAN.get()
         _FEED_FORWARD_PLAN.set(IDENTITY)
@@ -220,6 +226,7 @@ class ToDoAttn1Patch:
     def __init__(self, settings: ToDoSettings):
         self.settings = settings
 
+    @eager
     def __call__(self, n, context, value, extra_options):
         s = self.settings
         n_tokens = n.shape[1]
