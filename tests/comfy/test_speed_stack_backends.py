@@ -23,7 +23,7 @@ from collections import defaultdict
 import pytest
 import torch
 from helpers import conditioning, sd15_level
-from test_speed_stack_caches import DIT_FULL_KEYS, DIT_KEYS, DIT_LATENTS, dit_sample, tome, todo
+from test_speed_stack_caches import DIT_FULL_KEYS, DIT_KEYS, DIT_LATENTS, dit_sample, todo, tome
 
 from tome_harness import dit_models
 from tome_harness.attention_backend import AttentionBackend, BackendOverride, late_prepare_state
