@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # The test suite, set-up included: bash scripts/test.sh [--full] [pytest arguments]
-# Default: every test but those marked slow; --full: all of them (what CI runs, via .ci/run). Both on two
-# pytest-xdist workers (-n 0 as an argument runs in one process), the tests sharing a ComfyUI kept together.
+# Default: every test but those marked slow; --full: all of them (what CI runs, via .ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 selection=(-m "not slow")
@@ -10,4 +9,4 @@ for arg in "$@"; do
     if [ "$arg" = --full ]; then selection=(); else args+=("$arg"); fi
 done
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -n 2 --dist loadgroup "${selection[@]}" "${args[@]}"
+exec .venv/bin/python -m pytest "${selection[@]}" "${args[@]}"

@@ -3,8 +3,7 @@ commands in scripts/ that tests import are on the path through pytest's ``python
 
 The default run (``bash scripts/test.sh``) leaves out the tests marked ``slow``; ``bash scripts/test.sh --full``
 and CI run them too. Mark a test of your own with ``@pytest.mark.slow``; the heaviest tests of files that do
-not mark their own are listed in SLOW below. Both runs spread over pytest-xdist workers by group: the tests that
-share a ComfyUI (in-process, or the test server) stay on one worker, so each is started once.
+not mark their own are listed in SLOW below.
 """
 
 import pytest
@@ -19,14 +18,9 @@ SLOW = (
     "tests/server/test_client.py::test_a_worker_stopped_mid_batch_has_its_job_done_by_the_other",
     "tests/server/test_client.py::test_a_worker_frozen_mid_job_is_dropped_and_its_job_done_by_the_other",
 )
-# Tests under these folders share one ComfyUI per worker: the in-process host, or the test server.
-GROUPS = {"tests/comfy/": "comfy-in-process", "tests/server/": "comfy-server"}
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.nodeid.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
-        for folder, group in GROUPS.items():
-            if item.nodeid.startswith(folder):
-                item.add_marker(pytest.mark.xdist_group(group))
