@@ -165,7 +165,8 @@ class ApplyToDo(io.ComfyNode):
                 *window_inputs("downsampling"),
                 io.Int.Input("time_factor", default=1, min=1, max=8, optional=True,
                              tooltip="Video DiTs (Wan, HunyuanVideo, LTX-Video, Cosmos): also pool keys and values "
-                                     "over this many frames. 1: frames stay separate. No meaning on images and U-Nets: ignored there."),
+                                     "over this many frames. 1: frames stay separate. No meaning on images and "
+                                     "U-Nets: ignored there."),
             ],
             outputs=[io.Model.Output()])
 

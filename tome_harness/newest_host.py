@@ -7,7 +7,10 @@ Read from ComfyUI's own source (the newest host cannot be installed here):
   (``clones_share_patch_objects``);
 - the MultiGPU CFG split runs cond and uncond as separate batches in worker threads at the same time, each on
   the model copy of its device (``cfg_in_threads``; ``device_copy`` makes such a copy: a second model object
-  with the same options and object patches, as ``clone(model_override=...)`` does).
+  with the same options and object patches, as ``clone(model_override=...)`` does);
+- ``TorchCompileModel`` compiles with ``options={"guard_filter_fn": skip_torch_compile_dict}``, which drops every
+  dynamo guard whose name holds ``transformer_options`` (``compile_like_newest``): what a compiled graph read
+  from there is not checked again on later calls.
 """
 
 from __future__ import annotations
@@ -105,3 +108,20 @@ def device_copy(model, weight_scale: float = 1.0):
         for parameter in copy_.model.diffusion_model.parameters():
             parameter.mul_(weight_scale)
     return copy_
+
+
+def skip_transformer_options_guards(guard_entries):
+    """``comfy_extras.nodes_torch_compile.skip_torch_compile_dict``: keep every guard but those on
+    ``transformer_options``."""
+    return ["transformer_options" not in entry.name for entry in guard_entries]
+
+
+def compile_like_newest(model, backend: str = "inductor"):
+    """``TorchCompileModel`` of late 2026 on ``model`` (a ``ModelPatcher``): a clone whose diffusion model is
+    compiled through ComfyUI's own ``set_torch_compile_wrapper``, with the newest host's guard filter."""
+    from comfy_api.torch_helpers import set_torch_compile_wrapper
+
+    compiled = model.clone()
+    set_torch_compile_wrapper(model=compiled, backend=backend,
+                              options={"guard_filter_fn": skip_transformer_options_guards})
+    return compiled

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import conditioning, sd15_level, self_attention_calls
-from test_speed_stack_caches import tome, todo
+from test_speed_stack_caches import todo, tome
 
 from tome_harness import random_models
 

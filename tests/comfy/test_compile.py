@@ -1,0 +1,141 @@
+"""Apply ToMe and Apply ToDo inside ``torch.compile``, as ComfyUI's ``TorchCompileModel`` runs it.
+
+The hazard: ``TorchCompileModel`` compiles the diffusion model, and the
+ComfyUI of late 2026 drops every dynamo guard on ``transformer_options``
+(``newest_host.compile_like_newest``), where our patches live. Whatever dynamo
+traced there (the ratio, the step window, ``reuse_steps``, which clone's
+settings) would be frozen at the first call and reused. The promise: a
+compiled run gives the uncompiled run's image, under 0.3.75's own node
+(guards kept) and under the newest host's filter, for the settings that decide
+per call, for two clones of one compiled model, and on DiTs.
+
+Most tests compile with ``aot_eager``: dynamo traces, guards and breaks graphs
+exactly as it does for inductor (that is where a decision gets frozen), without
+inductor's minutes of code generation on a CPU. One test runs inductor itself.
+Each test starts from an empty dynamo cache, so its count of compiled graphs is
+its own.
+"""
+
+import pytest
+import torch
+from helpers import sample
+
+from tome_harness import dit_models, newest_host
+
+pytestmark = pytest.mark.slow
+
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}  # aot_eager: the same kernels, but fused graphs may reorder float sums
+# Inductor generates its own kernels: 6e-4 at most was seen over 4 steps here, on values of tens.
+INDUCTOR_TOLERANCE = {"rtol": 1e-4, "atol": 2e-3}
+# Two settings that act differently move the tiny models' samples (values of tens) apart by more than this, over
+# 10 times what either tolerance allows there: a frozen decision cannot pass for compile noise.
+DIFFERENT = 0.1
+
+
+def core_compile(model, backend):
+    """0.3.75's own ``TorchCompileModel`` node (dynamo keeps its guards on ``transformer_options``)."""
+    from comfy_extras.nodes_torch_compile import TorchCompileModel
+
+    return TorchCompileModel.execute(model, backend).result[0]
+
+
+HOSTS = {"0.3.75": core_compile, "newest": newest_host.compile_like_newest}
+
+
+@pytest.fixture(params=list(HOSTS))
+def compile_model(request):
+    """Compile a model as the host of the parameter does, from an empty dynamo cache."""
+    torch._dynamo.reset()
+    yield lambda model, backend="aot_eager": HOSTS[request.param](model, backend)
+    torch._dynamo.reset()
+
+
+def compiled_graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def assert_same_image(compiled, uncompiled):
+    torch.testing.assert_close(compiled, uncompiled, **TOLERANCE)
+
+
+def assert_differs(a, b):
+    assert (a - b).abs().max() > DIFFERENT
+
+
+def test_a_step_window_that_ends_half_way_is_followed_step_by_step(pack, comfy_nodes, sd15, compile_model):
+    windowed = pack.unet.apply_tome(sd15, ratio=0.5, end_percent=0.5)
+    reference = sample(comfy_nodes, windowed)
+    # The window matters: merging on every step, or on none, gives another image.
+    assert_differs(reference, sample(comfy_nodes, pack.unet.apply_tome(sd15, ratio=0.5)))
+    assert_differs(reference, sample(comfy_nodes, sd15))
+    assert_same_image(sample(comfy_nodes, pack.unet.apply_tome(compile_model(sd15), ratio=0.5, end_percent=0.5)),
+                      reference)
+
+
+def test_reuse_steps_plans_are_kept_and_renewed_as_without_compile(pack, comfy_nodes, sd15, compile_model):
+    reused = pack.unet.apply_tome(sd15, ratio=0.5, reuse_steps=3)
+    reference = sample(comfy_nodes, reused)
+    assert_differs(reference, sample(comfy_nodes, pack.unet.apply_tome(sd15, ratio=0.5)))
+    assert_same_image(sample(comfy_nodes, pack.unet.apply_tome(compile_model(sd15), ratio=0.5, reuse_steps=3)),
+                      reference)
+
+
+def test_differently_set_clones_of_one_compiled_model_each_get_their_own_settings(pack, comfy_nodes, sd15,
+                                                                                    compile_model):
+    """One compiled model, then three nodes on it, sampled one after the other: no clone reuses what another's
+    run traced, and running them again compiles nothing new (recompiles are bounded by the settings used)."""
+    compiled = compile_model(sd15)
+    settings = [
+        lambda m: pack.unet.apply_tome(m, ratio=0.3),
+        lambda m: pack.unet.apply_tome(m, ratio=0.6, scope="self-attention, cross-attention and MLP"),
+        lambda m: pack.unet.apply_todo(m, downsample_factor=2),
+    ]
+    references = [sample(comfy_nodes, apply(sd15)) for apply in settings]
+    for a, b in [(0, 1), (0, 2), (1, 2)]:
+        assert_differs(references[a], references[b])
+    for apply, reference in zip(settings, references, strict=True):
+        assert_same_image(sample(comfy_nodes, apply(compiled)), reference)
+    graphs = compiled_graphs()
+    assert graphs > 0
+    for apply, reference in zip(settings, references, strict=True):
+        assert_same_image(sample(comfy_nodes, apply(compiled)), reference)
+    assert compiled_graphs() == graphs
+
+
+def test_inductor_gives_the_uncompiled_image(pack, comfy_nodes, sd15, compile_model):
+    """The real backend, once: ToMe with a window and ToDo on one compiled model."""
+    compiled = compile_model(sd15, "inductor")
+    for apply in (lambda m: pack.unet.apply_tome(m, ratio=0.5, end_percent=0.5),
+                  lambda m: pack.unet.apply_todo(m, downsample_factor=2)):
+        torch.testing.assert_close(sample(comfy_nodes, apply(compiled)), sample(comfy_nodes, apply(sd15)),
+                                   **INDUCTOR_TOLERANCE)
+
+
+# DiTs: the override acts inside the attention call of the compiled model.
+
+DIT_LATENTS = {"flux": (1, 16, 10, 12), "wan21": (1, 16, 3, 10, 12)}
+
+
+def dit_sample(comfy_nodes, model, family):
+    """A real KSampler run, cfg 2, cond and uncond of different text lengths (7 and 5 tokens)."""
+    generator = torch.Generator().manual_seed(5)
+    extra = {"pooled_output": torch.zeros(1, dit_models.CONTEXT_DIM)}
+    positive = [[torch.randn(1, 7, dit_models.CONTEXT_DIM, generator=generator), dict(extra)]]
+    negative = [[torch.randn(1, 5, dit_models.CONTEXT_DIM, generator=generator), dict(extra)]]
+    latent = {"samples": torch.zeros(DIT_LATENTS[family])}
+    (out,) = comfy_nodes.KSampler().sample(model, 3, 2, 2.0, "euler", "normal", positive, negative, latent)
+    return out["samples"]
+
+
+@pytest.mark.parametrize("family", list(DIT_LATENTS))
+def test_dits_with_todo_and_tome_give_the_uncompiled_image(pack, comfy_nodes, family, compile_model):
+    model = dit_models.build_dit_model(family)
+    compiled = compile_model(model)
+    settings = [lambda m: pack.dit.apply_todo_dit(m, downsample_factor=2),
+                lambda m: pack.dit.apply_tome_dit(m, ratio=0.5)]
+    references = [dit_sample(comfy_nodes, apply(model), family) for apply in settings]
+    unpatched = dit_sample(comfy_nodes, model, family)
+    for apply, reference in zip(settings, references, strict=True):
+        assert not torch.allclose(reference, unpatched, **TOLERANCE)
+        assert_same_image(dit_sample(comfy_nodes, apply(compiled), family), reference)
+
