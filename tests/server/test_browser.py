@@ -167,9 +167,13 @@ def test_the_node_search_box_finds_the_node_by_its_alias(page, server, request, 
     page.mouse.dblclick(1200, 700)  # on the empty canvas: ComfyUI's node search box
     box = page.get_by_role("combobox").last
     box.fill(alias)
-    page.wait_for_timeout(1000)
-    found = [text.split("\n")[0].replace("\xa0", "").strip()
-             for text in page.get_by_role("option").all_inner_texts()]
+    # The results come after a debounce, later on a loaded machine: poll for up to 10 s, not a fixed wait.
+    for _ in range(20):
+        page.wait_for_timeout(500)
+        found = [text.split("\n")[0].replace("\xa0", "").strip()
+                 for text in page.get_by_role("option").all_inner_texts()]
+        if NODES[node_id] in found:
+            break
     page.keyboard.press("Escape")
     assert NODES[node_id] in found, f"{alias!r} found {found}"
 
