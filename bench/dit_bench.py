@@ -105,8 +105,8 @@ def with_blocks(case: Case, blocks: int | None) -> Case:
         config["num_layers"] = blocks
     elif "depth_single_blocks" in config:  # HunyuanVideo: double blocks only, each joint attention over all tokens
         config["depth"], config["depth_single_blocks"] = blocks, 0
-    else:  # MMDiT: its image-only attention sits in the first blocks
-        config["depth"] = blocks
+    else:  # MMDiT: its width is 64 * depth, so depth stays and num_blocks cuts; image-only attention is first
+        config["num_blocks"] = blocks
         config["x_block_self_attn_layers"] = [i for i in config["x_block_self_attn_layers"] if i < blocks]
     return dataclasses.replace(case, name=f"{case.name}-{blocks}blocks", config=config)
 

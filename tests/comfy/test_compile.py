@@ -113,7 +113,8 @@ def test_inductor_gives_the_uncompiled_image(pack, comfy_nodes, sd15, compile_mo
 
 # DiTs: the override acts inside the attention call of the compiled model.
 
-DIT_LATENTS = {"flux": (1, 16, 10, 12), "wan21": (1, 16, 3, 10, 12)}
+# VACE: the mark its main blocks get (a dit block replacement) must reach the override through the compiled graph.
+DIT_LATENTS = {"flux": (1, 16, 10, 12), "wan21": (1, 16, 3, 10, 12), "wan21_vace": (1, 16, 3, 10, 12)}
 
 
 def dit_sample(comfy_nodes, model, family):

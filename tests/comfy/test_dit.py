@@ -7,6 +7,7 @@ cond and uncond have different text lengths (7 and 5 tokens), so they run as
 separate model calls with layouts of their own (Flux 2 pads both to 512).
 """
 
+import contextlib
 import logging
 
 import pytest
@@ -40,7 +41,7 @@ IMAGE_STARTS = {
     "ltxv": ({90: 0}, 3),  # video only, then cross-attention to the text
     "wan22_5b": ({90: 0}, 3),
     "wan21_i2v": ({90: 0}, 3),  # cross-attention to the text and to the CLIP vision tokens
-    "wan21_vace": ({90: 0}, 3),  # the video, and in the VACE blocks the control video: a grid of the same shape
+    "wan21_vace": ({90: 0}, 3),  # the video; the VACE blocks' control video (same length) stays whole
     "cosmos_predict2": ({90: 0}, 3),
     "flux2": ({512 + 30: 512}, 1),  # Flux 2 pads the text to 512 tokens
     "chroma": ({COND_TEXT + 30: COND_TEXT, UNCOND_TEXT + 30: UNCOND_TEXT}, 1),
@@ -120,11 +121,20 @@ def token_major(t, kwargs):
     return t.transpose(1, 2) if kwargs.get("skip_reshape") else t
 
 
-def recorder(calls):
-    """An attention override that notes the token-major q, k, v it is called with, and passes them on."""
+class Call(list):
+    """One recorded attention call: the token-major q, k, v, then the output. ``control``: made inside a VACE
+    control block."""
+
+    control = False
+
+
+def recorder(calls, where=None):
+    """An attention override that notes the token-major q, k, v it is called with, and passes them on;
+    ``where`` (``vace_control_marked``) says whether the call comes from a VACE control block."""
 
     def record(func, *args, **kwargs):
-        calls.append([token_major(t, kwargs).detach().clone() for t in args[:3]])
+        calls.append(Call(token_major(t, kwargs).detach().clone() for t in args[:3]))
+        calls[-1].control = bool(where and where["control"])
         out = func(*args, **kwargs)
         calls[-1].append(out.detach().clone())  # [B, L, H*D] in every family here (no skip_output_reshape)
         return out
@@ -138,29 +148,46 @@ def with_override(model, override):
     return patched
 
 
+@contextlib.contextmanager
+def vace_control_marked(model):
+    """Whether a VACE control block of ``model`` is running, kept by the test's own forward hooks on those
+    blocks (removed after): ``{"control": bool}``."""
+    where = {"control": False}
+    handles = []
+    for block in getattr(model.get_model_object("diffusion_model"), "vace_blocks", None) or ():
+        handles.append(block.register_forward_pre_hook(lambda *_: where.update(control=True)))
+        handles.append(block.register_forward_hook(lambda *_: where.update(control=False)))
+    try:
+        yield where
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def traced_sample(comfy_nodes, dit, model, family, apply, references=None, latent_shape=None):
-    """Sample ``apply(model)``, recording what the model hands to attention (``outer``) and what reaches it
-    (``inner``), call by call."""
+    """Sample ``apply(model)``, recording what the model hands to attention (``outer``, each call marked where
+    it comes from a VACE control block) and what reaches it (``inner``), call by call."""
     inner, outer = [], []
     patched = apply(with_override(model, recorder(inner)))
     ours = patched.model_options["transformer_options"]["optimized_attention_override"]
     assert isinstance(ours, dit.DiTReduction)
-    record_outer = recorder(outer)
-    out = sample(comfy_nodes, with_override(patched, lambda func, *a, **k: record_outer(
-        lambda *a2, **k2: ours(func, *a2, **k2), *a, **k)), family, references=references,
-        latent_shape=latent_shape)
+    with vace_control_marked(model) as where:
+        record_outer = recorder(outer, where)
+        out = sample(comfy_nodes, with_override(patched, lambda func, *a, **k: record_outer(
+            lambda *a2, **k2: ours(func, *a2, **k2), *a, **k)), family, references=references,
+            latent_shape=latent_shape)
     assert len(inner) == len(outer) > 0
     return out, inner, outer
 
 
 def image_calls(family, inner, outer, image_starts=IMAGE_STARTS):
     """``(start, frames, inner call, outer call)`` of every image self-attention call; asserts that every other
-    call reached attention exactly as the model made it."""
+    call (VACE control blocks' included) reached attention exactly as the model made it."""
     starts, frames = image_starts[family]
     found = []
     for got, made in zip(inner, outer, strict=True):
         q, k, _ = made[:3]
-        if q.shape[1] == k.shape[1] and k.shape[1] in starts:
+        if q.shape[1] == k.shape[1] and k.shape[1] in starts and not made.control:
             found.append((starts[k.shape[1]], frames, got, made))
         else:
             for a, b in zip(got[:3], made[:3], strict=True):
@@ -231,6 +258,32 @@ def test_reference_images_stay_whole(comfy_nodes, dit, name):
         torch.testing.assert_close(got[1][:, start:start + frames * 9],
                                    nearest_cells(made[1][:, start:start + n], frames), rtol=0, atol=0)
         torch.testing.assert_close(got[1][:, start + frames * 9:], made[1][:, start + n:], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("apply", ["todo", "tome"])
+def test_vace_control_blocks_stay_whole_and_another_block_replacement_still_runs(comfy_nodes, dit, models, apply):
+    """VACE's control blocks attend over the control video, as long as the video: they reach attention whole,
+    while the main blocks' video is reduced; a ``dit`` block replacement another node put on a main block
+    (skip-layer guidance's kind) still runs in its place."""
+    if isinstance(models["wan21_vace"], Exception):
+        pytest.skip(f"wan21_vace cannot be built on this host: {models['wan21_vace']}")
+    replaced = []
+
+    def other_nodes_block(args, extra):
+        replaced.append(args["img"].shape)
+        return extra["original_block"](args)
+
+    model = models["wan21_vace"].clone()
+    model.set_model_patch_replace(other_nodes_block, "dit", "double_block", 1)
+    reduce = {"todo": lambda m: dit.apply_todo_dit(m, downsample_factor=2),
+              "tome": lambda m: dit.apply_tome_dit(m, ratio=0.5)}[apply]
+    _, inner, outer = traced_sample(comfy_nodes, dit, model, "wan21_vace", reduce)
+    control = [(got, made) for got, made in zip(inner, outer, strict=True)
+               if made.control and made[0].shape[1] == made[1].shape[1] == 90]
+    main = image_calls("wan21_vace", inner, outer)  # asserts every control call reached attention whole
+    assert control and len(main) == 2 * len(control)  # per model call: two main blocks, one control block
+    assert all(got[1].shape[1] < 90 for _, _, got, _ in main)
+    assert len(replaced) == len(control)  # main block 1 ran through the other node's replacement every call
 
 
 def test_an_unknown_self_attention_length_is_left_whole_with_one_warning_per_run(comfy_nodes, dit, models, caplog):

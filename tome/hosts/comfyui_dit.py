@@ -14,7 +14,9 @@ the override reads it back from its ``transformer_options`` keyword.
 Inside an attention call the override finds the image tokens by the length of
 the sequence (self-attention: queries as long as keys, a length the layout
 knows), and leaves everything else as it is: text, registers, reference images
-and padding tokens, cross-attention, and masked calls. A self-attention call
+and padding tokens, cross-attention, masked calls, and Wan VACE's control
+blocks (told apart by a ``dit`` block replacement that marks the main blocks
+while they run: their sequences have the video's length). A self-attention call
 of a length the layout neither places the image in nor knows as image-free (a
 variant that adds tokens, another pack's extra tokens) is left alone too, with
 one warning per sampling run: the image is never looked for by guess. ToDo pools the image
@@ -68,6 +70,7 @@ APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
 OVERRIDE_KEY = "optimized_attention_override"  # the one attention override slot of transformer_options
 LAYOUT_KEY = "tome_layout"  # in a model call's transformer_options: its ImageLayout
 CALL_KEY = "tome_call"  # in a model call's transformer_options: image self-attention calls so far (for seeds)
+MAIN_BLOCK_KEY = "tome_main_block"  # in a VACE model call's transformer_options: whether a main block is running
 RUN_KEY = "tome_dit_run"  # in a sampling run's transformer_options: that run's RunWarnings
 
 FLUX, SD3, WAN, QWEN_IMAGE, LUMINA2 = "flux", "sd3", "wan", "qwen_image", "lumina2"
@@ -222,7 +225,7 @@ def hidream_layout(latent_shape, patch: int, text: int, edit: Sequence[int] | No
 class DiTSpec:
     """What a layout needs from the model itself: its family and patch size, SD3's registers, Lumina's token
     padding, whether Wan has Fun's reference convolution, whether HunyuanVideo 1.5 takes ByT5 and CLIP vision
-    tokens."""
+    tokens, and how many main blocks a Wan VACE model has (0 for every other model)."""
 
     family: str
     patch: tuple[int, int, int]
@@ -231,6 +234,7 @@ class DiTSpec:
     reference_conv: bool = False
     byt5: bool = False
     vision: bool = False
+    vace_main_blocks: int = 0
 
     def layout(self, latent_shape, text: int, conds: Mapping) -> ImageLayout:
         """The ``ImageLayout`` of one model call with latent ``latent_shape``, ``text`` context tokens and the
@@ -294,7 +298,8 @@ def dit_spec(model, family: str) -> DiTSpec:
     return DiTSpec(family, patch, registers=getattr(net, "register_length", 0) or 0,
                    pad_multiple=getattr(net, "pad_tokens_multiple", None),
                    reference_conv=getattr(net, "ref_conv", None) is not None,
-                   byt5=getattr(net, "byt5_in", None) is not None, vision=getattr(net, "vision_in", None) is not None)
+                   byt5=getattr(net, "byt5_in", None) is not None, vision=getattr(net, "vision_in", None) is not None,
+                   vace_main_blocks=len(net.blocks) if getattr(net, "vace_blocks", None) is not None else 0)
 
 
 class RunWarnings:
@@ -336,6 +341,10 @@ class LayoutWrapper:
         options[LAYOUT_KEY] = self.spec.layout(x.shape, text, conds)
         if RUN_KEY not in options:  # a model call outside a sampling run is a run of its own
             options[RUN_KEY] = RunWarnings()
+        if self.spec.vace_main_blocks:
+            options[MAIN_BLOCK_KEY] = False
+            options["patches_replace"] = with_main_blocks_marked(options.get("patches_replace") or {},
+                                                                 self.spec.vace_main_blocks)
         on_top = options.get(OVERRIDE_KEY)
         if on_top is None or isinstance(on_top, DiTReduction):
             return executor(x, t, c_concat, c_crossattn, control, options, **conds)
@@ -346,6 +355,34 @@ class LayoutWrapper:
         if watch.calls and not watch.reached and options[RUN_KEY].first("dropped"):
             warn_dropped(on_top)
         return out
+
+
+@dataclass(frozen=True)
+class MainBlockMark:
+    """A ``dit`` block replacement for main block ``("double_block", i)`` of a Wan VACE model: marks the call's
+    ``transformer_options`` while the block runs. VACE's control blocks attend over the control video, a
+    sequence of exactly the video's length and grid, and run between the main blocks: the mark is the only
+    thing that tells the override which of the two it is in. ``inner``: the replacement another node put on
+    that block (skip-layer guidance, say), called in the block's place as before."""
+
+    inner: Callable | None = None
+
+    def __call__(self, args, extra):
+        options = args["transformer_options"]
+        options[MAIN_BLOCK_KEY] = True
+        try:
+            return self.inner(args, extra) if self.inner is not None else extra["original_block"](args)
+        finally:
+            options[MAIN_BLOCK_KEY] = False
+
+
+def with_main_blocks_marked(replaces: Mapping, blocks: int) -> dict:
+    """A copy of ``patches_replace`` (the model's, shared with its clones: never written) whose ``dit`` entries
+    mark each of ``blocks`` main blocks, over whatever replacement was there."""
+    dit = dict(replaces.get("dit") or {})
+    for i in range(blocks):
+        dit[("double_block", i)] = MainBlockMark(dit.get(("double_block", i)))
+    return dict(replaces, dit=dit)
 
 
 @dataclass
@@ -505,8 +542,8 @@ class DiTReduction:
             watch.reached = True
         layout = options.get(LAYOUT_KEY)
         mask = args[4] if len(args) > 4 else kwargs.get("mask")
-        if layout is None or mask is not None or len(args) < 3:
-            return attention(*args, **kwargs)
+        if layout is None or mask is not None or len(args) < 3 or options.get(MAIN_BLOCK_KEY) is False:
+            return attention(*args, **kwargs)  # MAIN_BLOCK_KEY False: in a VACE control block
         heads_major = bool(kwargs.get("skip_reshape", False))
         q, k, v = (token_major(t, heads_major) for t in args[:3])
         todo = self.todo if self.todo is not None and self.todo.reach.in_window(options) else None
