@@ -186,3 +186,16 @@ def build_dit_model(family: str, seed: int = 0):
     model.eval()
     device = torch.device("cpu")
     return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
+
+
+def build_wan21_vae(seed: int = 0):
+    """A ComfyUI ``VAE`` around a random-weight Wan 2.1 video VAE (8x8 spatial, 4x temporal compression, 16
+    latent channels) of width 8, recognised by ComfyUI from its state dict as a checkpoint's would be. For
+    the nodes that encode images into a Wan conditioning (``WanVaceToVideo``)."""
+    import comfy.ldm.wan.vae
+    import comfy.sd
+
+    net = comfy.ldm.wan.vae.WanVAE(dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                                   temperal_downsample=[False, True, True], dropout=0.0)
+    randomize(net, seed)
+    return comfy.sd.VAE(sd=net.state_dict())

@@ -286,6 +286,40 @@ def test_vace_control_blocks_stay_whole_and_another_block_replacement_still_runs
     assert len(replaced) == len(control)  # main block 1 ran through the other node's replacement every call
 
 
+def vace_conds(reference: bool):
+    """The conds ComfyUI's own ``WanVaceToVideo`` makes (a random Wan 2.1 VAE encoding a random 96x80 control
+    video of 5 frames, its first frame masked out) and its latent: 2 latent frames of 10x12, and with
+    ``reference`` a reference image ahead of them as a third."""
+    from comfy_extras.nodes_wan import WanVaceToVideo
+
+    generator = torch.Generator().manual_seed(8)
+    mask = torch.ones(5, 80, 96)
+    mask[0] = 0.0  # a frame to keep as it is: its reactive half and mask are those of a control frame, not zero
+    positive, _, latent, trim = WanVaceToVideo.execute(
+        [[torch.zeros(1, 1, dit_models.CONTEXT_DIM), {}]], [[torch.zeros(1, 1, dit_models.CONTEXT_DIM), {}]],
+        dit_models.build_wan21_vae(), 96, 80, 5, 1, 1.0, control_video=torch.rand(5, 80, 96, 3, generator=generator),
+        control_masks=mask, reference_image=torch.rand(1, 80, 96, 3, generator=generator) if reference else None,
+    ).result
+    assert trim == int(reference)
+    conds = {name: positive[0][1][name] for name in ("vace_frames", "vace_mask", "vace_strength")}
+    return conds, tuple(latent["samples"].shape)
+
+
+@pytest.mark.parametrize("reference", [True, False], ids=["reference image", "no reference image"])
+def test_a_vace_reference_image_stays_whole_and_the_video_is_pooled(comfy_nodes, dit, models, reference):
+    if isinstance(models["wan21_vace"], Exception):
+        pytest.skip(f"wan21_vace cannot be built on this host: {models['wan21_vace']}")
+    conds, latent_shape = vace_conds(reference)
+    assert latent_shape == (1, 16, 2 + reference, 10, 12)
+    _, inner, outer = traced_sample(comfy_nodes, dit, models["wan21_vace"], "wan21_vace",
+                                    lambda m: dit.apply_todo_dit(m, downsample_factor=2), conds, latent_shape)
+    whole, frames = (30, 2) if reference else (0, 2)  # the reference frame's 30 tokens come first
+    calls = image_calls("wan21_vace", inner, outer, {"wan21_vace": ({whole + 60: whole}, frames)})
+    for start, frames, got, made in calls:
+        torch.testing.assert_close(got[1][:, :start], made[1][:, :start], rtol=0, atol=0)
+        torch.testing.assert_close(got[1][:, start:], nearest_cells(made[1][:, start:], frames), rtol=0, atol=0)
+
+
 def test_an_unknown_self_attention_length_is_left_whole_with_one_warning_per_run(comfy_nodes, dit, models, caplog):
     """Another pack's ``post_input`` patch adds 2 tokens to Flux's image stream: no self-attention call has a
     length the layout knows, so each reaches attention exactly as the model made it (the image is not looked

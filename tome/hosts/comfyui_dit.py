@@ -155,18 +155,35 @@ def sd3_layout(latent_shape, patch: int, text: int, registers: int = 0) -> Image
 
 
 def wan_layout(latent_shape, patch: Sequence[int], contexts: Iterable[int] = (), extra_frames: int = 0,
-               reference: Sequence[int] | None = None) -> ImageLayout:
+               reference: Sequence[int] | None = None, reference_frames: int = 0) -> ImageLayout:
     """Wan 2.x: self-attention sees ``[Fun reference frame | video t*h*w]`` and no text.
 
     ``extra_frames``: latent frames appended in time (``time_dim_concat``);
     ``reference``: the shape of Wan Fun's reference latent ``[B, C, H, W]``,
-    made one frame of tokens by an unpadded ``ph x pw`` convolution. Cross-
-    attention has keys of the ``contexts`` lengths (text, CLIP image).
+    made one frame of tokens by an unpadded ``ph x pw`` convolution;
+    ``reference_frames``: the video's first latent frames that are reference
+    images (VACE), left whole. Cross-attention has keys of the ``contexts``
+    lengths (text, CLIP image).
     """
     t, h, w = patch_grid(latent_shape, patch)
     t += math.ceil(extra_frames / patch[0])
     ref = 0 if reference is None else (reference[-2] // patch[1]) * (reference[-1] // patch[2])
-    return image_layout((t, h, w), {ref + t * h * w: ref}, contexts)
+    whole = min(reference_frames, t - 1)  # a call made of reference frames alone reduces its last frame
+    return image_layout((t - whole, h, w), {ref + t * h * w: ref + whole * h * w}, contexts)
+
+
+def vace_reference_frames(vace_context: torch.Tensor) -> int:
+    """How many leading latent frames of a VACE call are reference images, from its ``vace_context``
+    ``[B, contexts, 96, T, H, W]`` (per context: inactive and reactive control latents, 16 channels each,
+    then a 64-channel mask). ``WanVaceToVideo`` puts the reference image's latent ahead of the control video's
+    with a zero reactive half (zeros through the latent format and back: exactly 0) and a zero mask, in every
+    context it makes; a VAE-encoded control frame is never exactly zero."""
+    frames = 0
+    for frame in range(vace_context.shape[3]):
+        if vace_context[:, :, 16:, frame].any():
+            break
+        frames += 1
+    return frames
 
 
 def qwen_image_layout(latent_shape, patch: int, text: int, references: Sequence[Sequence[int]] = ()) -> ImageLayout:
@@ -252,8 +269,10 @@ class DiTSpec:
             clip = conds.get("clip_fea")  # i2v: CLIP image tokens, a second cross-attention
             extra = conds.get("time_dim_concat")
             reference = conds.get("reference_latent") if self.reference_conv else None
+            vace = conds.get("vace_context")
             return wan_layout(latent_shape, self.patch, [text] + ([clip.shape[-2]] if clip is not None else []),
-                              0 if extra is None else extra.shape[2], None if reference is None else reference.shape)
+                              0 if extra is None else extra.shape[2], None if reference is None else reference.shape,
+                              0 if vace is None else vace_reference_frames(vace))
         if self.family == HUNYUAN_VIDEO:
             byt5 = conds.get("txt_byt5") if self.byt5 else None
             clip = conds.get("clip_fea") if self.vision else None
