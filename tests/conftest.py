@@ -8,9 +8,16 @@ not mark their own are listed in SLOW below.
 
 import pytest
 
-# Each starts ComfyUI again (a second, third or fourth server), loads the full-size SDXL U-Net (about 10 GB) or
-# runs a benchmark in fresh processes that each boot ComfyUI.
+# Each starts ComfyUI again (a second, third or fourth server), loads the full-size SDXL U-Net (about 10 GB),
+# runs a benchmark in fresh processes that each boot ComfyUI, or samples several SD1.5 graphs through the server
+# (10-80 s each here; the default run keeps one graph of each node and the client's basic runs).
 SLOW = (
+    "tests/comfy/test_bench_smoke.py::test_sampler_bench_runs_every_variant",
+    "tests/server/test_client.py::test_ab_runs_per_job_and_records_both_times",
+    "tests/server/test_client.py::test_prompts_and_seeds_make_every_pair",
+    "tests/server/test_server.py::test_ab_mode_prints_both_times_and_the_difference",
+    "tests/server/test_server.py::test_every_sd15_api_workflow_runs_and_saves_an_image[sd15_hires_fix_tome.json]",
+    "tests/server/test_server.py::test_every_sd15_api_workflow_runs_and_saves_an_image[sd15_ab_tome.json]",
     "tests/comfy/test_sdxl_workflow.py::",
     "tests/comfy/test_bench_smoke.py::test_gpu_table_smoke_runs_on_the_cpu",
     "tests/comfy/test_bench_smoke.py::test_memory_children_see_tome_shrink_attention_and_fail_cleanly_over_a_cap",
