@@ -21,7 +21,8 @@ CATEGORY = "model_patches/unet"
 
 # Other words people search for. ComfyUI sends them in /object_info and its frontend's node search matches them
 # since January 2026 (io.Schema's search_aliases); ComfyUI 0.3.75's schema has no such field, so there they are
-# left out and the nodes are found by their names only.
+# left out and the nodes are found by their ids and display names only, which hold two aliases of each node
+# ("tome" / "todo" and the method's full name).
 TOME_ALIASES = ["tome", "token merging", "merge tokens", "TomePatchModel", "speed up", "faster"]
 TODO_ALIASES = ["todo", "token downsampling", "downsample tokens", "tome", "TomePatchModel", "speed up", "faster"]
 HAS_SEARCH_ALIASES = "search_aliases" in {field.name for field in dataclasses.fields(io.Schema)}
@@ -85,7 +86,7 @@ TOME_DESCRIPTION = ("Token Merging for Stable Diffusion (Bolya & Hoffman 2023): 
 class ApplyToMe(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(node_id="ApplyToMe", display_name="Apply ToMe", category=CATEGORY,
+        return io.Schema(node_id="ApplyToMe", display_name="Apply ToMe (Token Merging)", category=CATEGORY,
                          description=TOME_DESCRIPTION, inputs=tome_inputs(), outputs=[io.Model.Output()],
                          **search_aliases(TOME_ALIASES))
 
@@ -99,7 +100,7 @@ class ApplyToMeAdvanced(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
-            node_id="ApplyToMeAdvanced", display_name="Apply ToMe (Advanced)", category=CATEGORY,
+            node_id="ApplyToMeAdvanced", display_name="Apply ToMe (Token Merging, Advanced)", category=CATEGORY,
             **search_aliases(TOME_ALIASES),
             description=TOME_DESCRIPTION + (" The advanced node adds the seed, the merge mode, a sampling window, "
                                             "the modules merged (scope) and reuse of a matching across steps."),
