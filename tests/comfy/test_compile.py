@@ -140,3 +140,37 @@ def test_dits_with_todo_and_tome_give_the_uncompiled_image(pack, comfy_nodes, fa
         assert not torch.allclose(reference, unpatched, **TOLERANCE)
         assert_same_image(dit_sample(comfy_nodes, apply(compiled), family), reference)
 
+
+
+# The hazard itself, shown on a patch written as ours must not be, so that the tests above are known to be able
+# to fail: an attention override that dynamo traces into the compiled graph and that reads its setting from
+# ``transformer_options``.
+
+def traced_scaling_override(func, *args, **kwargs):
+    """Attention with the values scaled by ``transformer_options["toy_scale"]``, traced by dynamo (no
+    ``eager``): the scale becomes a constant of the graph, kept valid only by a guard on ``transformer_options``."""
+    q, k, v = args[:3]
+    return func(q, k, v * kwargs["transformer_options"]["toy_scale"], *args[3:], **kwargs)
+
+
+def with_toy_scale(model, scale):
+    patched = model.clone()
+    options = patched.model_options.setdefault("transformer_options", {})
+    options.update(optimized_attention_override=traced_scaling_override, toy_scale=scale)
+    return patched
+
+
+def test_a_setting_traced_from_transformer_options_is_frozen_under_the_newest_guard_filter(comfy_nodes, request,
+                                                                                            compile_model):
+    """Two clones of one compiled Flux, scale 1 then 2: 0.3.75 keeps its guard on ``transformer_options`` and
+    recompiles for the second, the late-2026 filter drops it and the second clone silently runs the first's
+    graph (its image is the first's). The same comparison passes for our patches (above): they run outside
+    the graph (``eager``)."""
+    model = dit_models.build_dit_model("flux")
+    references = [dit_sample(comfy_nodes, with_toy_scale(model, scale), "flux") for scale in (1.0, 2.0)]
+    assert_differs(*references)
+    compiled = compile_model(model)
+    assert_same_image(dit_sample(comfy_nodes, with_toy_scale(compiled, 1.0), "flux"), references[0])
+    second = dit_sample(comfy_nodes, with_toy_scale(compiled, 2.0), "flux")
+    frozen = request.node.callspec.params["compile_model"] == "newest"
+    assert_same_image(second, references[0] if frozen else references[1])
