@@ -15,7 +15,9 @@ fi
 stamp=.venv/.requirements.sha256
 wanted=$(sha256sum requirements/dev.txt | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt 2> >(grep -v "^WARNING: Location" >&2)
+    # --no-compile: byte-compiling every installed module (torch's thousands) took half of this step; Python
+    # compiles what it imports, when it first imports it.
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-compile -r requirements/dev.txt 2> >(grep -v "^WARNING: Location" >&2)
     echo "$wanted" > "$stamp"
 fi
 # tome/ and the test harness (tome_harness/), importable from the venv: editable, so edits need no reinstall.
@@ -32,7 +34,7 @@ fi
 stamp=.venv-tools/.requirements.sha256
 wanted=$(sha256sum requirements/tools.txt | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
-    .venv-tools/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/tools.txt 2> >(grep -v "^WARNING: Location" >&2)
+    .venv-tools/bin/python -m pip install --quiet --disable-pip-version-check --no-compile -r requirements/tools.txt 2> >(grep -v "^WARNING: Location" >&2)
     echo "$wanted" > "$stamp"
 fi
 

@@ -13,6 +13,7 @@ import pytest
 # (10-80 s each here; the default run keeps one graph of each node and the client's basic runs).
 SLOW = (
     "tests/comfy/test_bench_smoke.py::test_sampler_bench_runs_every_variant",
+    "tests/server/test_client_ui.py::test_a_ui_workflow_runs_through_the_client",
     "tests/server/test_client.py::test_ab_runs_per_job_and_records_both_times",
     "tests/server/test_client.py::test_prompts_and_seeds_make_every_pair",
     "tests/server/test_server.py::test_ab_mode_prints_both_times_and_the_difference",
