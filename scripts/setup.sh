@@ -9,6 +9,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# comfy-cli's environment, set up in the background meanwhile (pip is single-threaded; this machine has 2 cores).
+setup_tools() {
+    if [ ! -x .venv-tools/bin/python ]; then
+        "${PYTHON:-python3}" -m venv .venv-tools
+    fi
+    local stamp=.venv-tools/.requirements.sha256 wanted
+    wanted=$(sha256sum requirements/tools.txt | cut -d' ' -f1)
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+        .venv-tools/bin/python -m pip install --quiet --disable-pip-version-check --no-compile -r requirements/tools.txt 2> >(grep -v "^WARNING: Location" >&2)
+        echo "$wanted" > "$stamp"
+    fi
+}
+setup_tools &
+tools=$!
+
 if [ ! -x .venv/bin/python ]; then
     "${PYTHON:-python3}" -m venv .venv
 fi
@@ -28,16 +43,6 @@ sys.exit(pathlib.Path(tome_harness.__file__).resolve().parents[1] != pathlib.Pat
     .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e . 2> >(grep -v "^WARNING: Location" >&2)
 fi
 
-if [ ! -x .venv-tools/bin/python ]; then
-    "${PYTHON:-python3}" -m venv .venv-tools
-fi
-stamp=.venv-tools/.requirements.sha256
-wanted=$(sha256sum requirements/tools.txt | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
-    .venv-tools/bin/python -m pip install --quiet --disable-pip-version-check --no-compile -r requirements/tools.txt 2> >(grep -v "^WARNING: Location" >&2)
-    echo "$wanted" > "$stamp"
-fi
-
 if [ -n "${COMFYUI_PATH:-}" ]; then
     echo "Using your ComfyUI at $COMFYUI_PATH"
 else
@@ -49,3 +54,5 @@ if ! command -v chromium > /dev/null; then
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium > /dev/null
 fi
+
+wait "$tools"  # its failure fails the set-up

@@ -38,17 +38,15 @@ def named(node_id: str, alias: str) -> bool:
     """Whether every word of ``alias`` is in the node's id or display name (found on any ComfyUI)."""
     return all(word.lower() in f"{node_id} {NODES[node_id]}".lower() for word in alias.split())
 
-
-# An alias only search_aliases can find polls the full 10 s on this host before its expected failure: slow.
-SEARCH_PARAMS = [pytest.param(node_id, alias, marks=() if named(node_id, alias) else pytest.mark.slow)
-                 for node_id, alias in SEARCHES]
 THUMBNAIL_VIEWPORT = {"width": 2600, "height": 1400}
 THUMBNAIL_CLIP = {"x": 600, "y": 150, "width": 1600, "height": 1200}  # 4:3, clear of the sidebar and toolbars
 THUMBNAIL_SIZE = (800, 600)
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
                   "--disable-background-networking", "--disable-component-update"]
 MISSING_NODES = "This workflow has missing nodes"
-pytestmark = pytest.mark.browser
+# Slow: Chromium and ComfyUI's page take a minute to start on 2 cores, a fifth of the default run's budget;
+# --full and CI run these.
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +184,7 @@ def open_node_search(page):
     raise AssertionError("a double-click on the empty canvas did not open the node search box in 5 tries")
 
 
-@pytest.mark.parametrize(("node_id", "alias"), SEARCH_PARAMS)
+@pytest.mark.parametrize(("node_id", "alias"), SEARCHES)
 def test_the_node_search_box_finds_the_node_by_its_alias(page, server, request, node_id, alias):
     if not named(node_id, alias) and not host_has_search_aliases(server):
         request.applymarker(pytest.mark.xfail(strict=True, reason="this ComfyUI has no search_aliases"))
