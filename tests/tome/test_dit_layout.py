@@ -41,6 +41,20 @@ def test_wan_frames_appended_in_time_count_as_video():
     assert layout.starts == {7 * 16: 0}
 
 
+@pytest.mark.parametrize("channels", [16, 48], ids=["16-channel latent", "48-channel latent"])
+def test_vace_reference_frames_are_the_leading_frames_with_a_zero_reactive_half_and_mask(channels):
+    """``vace_context [B, contexts, 2C + 64, T, H, W]``: a reference frame has only its inactive half set; a
+    control frame whose mask is 0 still has a reactive latent (an encoded grey frame, never exactly 0)."""
+    context = torch.randn(1, 2, 2 * channels + 64, 5, 4, 4)
+    assert dit.vace_reference_frames(context) == 0
+    context[:, :, channels:, :2] = 0  # two reference frames ...
+    context[:, :, 2 * channels:, 3] = 0  # ... and a masked-out control frame after a video frame
+    assert dit.vace_reference_frames(context) == 2
+    layout = dit.wan_layout((1, 16, 5, 8, 8), (1, 2, 2), contexts=[7], reference_frames=2)
+    assert layout.grid == (3, 4, 4)
+    assert layout.starts == {5 * 16: 2 * 16}
+
+
 def test_wan_leaves_self_attention_alone_when_the_text_is_as_long_as_the_video():
     """A cross-attention call with 64 text keys for 64 video queries looks like self-attention."""
     layout = dit.wan_layout((1, 16, 4, 8, 8), (1, 2, 2), contexts=[64])

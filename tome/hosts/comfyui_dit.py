@@ -174,13 +174,14 @@ def wan_layout(latent_shape, patch: Sequence[int], contexts: Iterable[int] = (),
 
 def vace_reference_frames(vace_context: torch.Tensor) -> int:
     """How many leading latent frames of a VACE call are reference images, from its ``vace_context``
-    ``[B, contexts, 96, T, H, W]`` (per context: inactive and reactive control latents, 16 channels each,
-    then a 64-channel mask). ``WanVaceToVideo`` puts the reference image's latent ahead of the control video's
-    with a zero reactive half (zeros through the latent format and back: exactly 0) and a zero mask, in every
-    context it makes; a VAE-encoded control frame is never exactly zero."""
+    ``[B, contexts, 2C + 64, T, H, W]`` (per context: inactive and reactive control latents, ``C`` channels
+    each, then a 64-channel mask). ``WanVaceToVideo`` puts the reference image's latent ahead of the control
+    video's with a zero reactive half (zeros through the latent format and back: exactly 0) and a zero mask, in
+    every context it makes; a VAE-encoded control frame is never exactly zero."""
+    reactive = (vace_context.shape[2] - 64) // 2  # where the reactive half starts: the mask follows it
     frames = 0
     for frame in range(vace_context.shape[3]):
-        if vace_context[:, :, 16:, frame].any():
+        if vace_context[:, :, reactive:, frame].any():
             break
         frames += 1
     return frames
