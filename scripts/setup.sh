@@ -9,32 +9,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# comfy-cli's environment, set up in the background meanwhile (pip is single-threaded; this machine has 2 cores).
-setup_tools() {
-    if [ ! -x .venv-tools/bin/python ]; then
-        "${PYTHON:-python3}" -m venv .venv-tools
+# A virtual environment VENV holding the pinned REQUIREMENTS; reinstalled only when that file changes (its hash is
+# kept in the environment). --no-compile: byte-compiling every installed module (torch's thousands) took half of
+# the install; Python compiles what it imports, when it first imports it.
+install_requirements() {
+    local venv=$1 requirements=$2 stamp=$1/.requirements.sha256 wanted
+    if [ ! -x "$venv/bin/python" ]; then
+        "${PYTHON:-python3}" -m venv "$venv"
     fi
-    local stamp=.venv-tools/.requirements.sha256 wanted
-    wanted=$(sha256sum requirements/tools.txt | cut -d' ' -f1)
+    wanted=$(sha256sum "$requirements" | cut -d' ' -f1)
     if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
-        .venv-tools/bin/python -m pip install --quiet --disable-pip-version-check --no-compile -r requirements/tools.txt 2> >(grep -v "^WARNING: Location" >&2)
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile -r "$requirements" \
+            2> >(grep -v "^WARNING: Location" >&2)
         echo "$wanted" > "$stamp"
     fi
 }
-setup_tools &
-tools=$!
 
-if [ ! -x .venv/bin/python ]; then
-    "${PYTHON:-python3}" -m venv .venv
-fi
-stamp=.venv/.requirements.sha256
-wanted=$(sha256sum requirements/dev.txt | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
-    # --no-compile: byte-compiling every installed module (torch's thousands) took half of this step; Python
-    # compiles what it imports, when it first imports it.
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-compile -r requirements/dev.txt 2> >(grep -v "^WARNING: Location" >&2)
-    echo "$wanted" > "$stamp"
-fi
+# comfy-cli's environment in the background meanwhile (pip is single-threaded; this machine has 2 cores).
+install_requirements .venv-tools requirements/tools.txt &
+tools=$!
+install_requirements .venv requirements/dev.txt
 # tome/ and the test harness (tome_harness/), importable from the venv: editable, so edits need no reinstall.
 # Checked in isolated mode (-I), where this folder is not on the path, and against this checkout.
 if ! .venv/bin/python -I -c 'import pathlib, sys, tome_harness

@@ -141,7 +141,6 @@ def test_dits_with_todo_and_tome_give_the_uncompiled_image(pack, comfy_nodes, fa
         assert_same_image(dit_sample(comfy_nodes, apply(compiled), family), reference)
 
 
-
 # The hazard itself, shown on a patch written as ours must not be, so that the tests above are known to be able
 # to fail: an attention override that dynamo traces into the compiled graph and that reads its setting from
 # ``transformer_options``.

@@ -313,8 +313,8 @@ def test_a_vace_reference_image_stays_whole_and_the_video_is_pooled(comfy_nodes,
     assert latent_shape == (1, 16, 2 + reference, 10, 12)
     _, inner, outer = traced_sample(comfy_nodes, dit, models["wan21_vace"], "wan21_vace",
                                     lambda m: dit.apply_todo_dit(m, downsample_factor=2), conds, latent_shape)
-    whole, frames = (30, 2) if reference else (0, 2)  # the reference frame's 30 tokens come first
-    calls = image_calls("wan21_vace", inner, outer, {"wan21_vace": ({whole + 60: whole}, frames)})
+    whole = 30 if reference else 0  # the reference frame's 30 tokens come first, then 2 video frames
+    calls = image_calls("wan21_vace", inner, outer, {"wan21_vace": ({whole + 60: whole}, 2)})
     for start, frames, got, made in calls:
         torch.testing.assert_close(got[1][:, :start], made[1][:, :start], rtol=0, atol=0)
         torch.testing.assert_close(got[1][:, start:], nearest_cells(made[1][:, start:], frames), rtol=0, atol=0)

@@ -32,12 +32,6 @@ NODES = {"ApplyToMe": "Apply ToMe (Token Merging)", "ApplyToMeAdvanced": "Apply 
 SEARCHES = [("ApplyToMe", "tome"), ("ApplyToMe", "token merging"), ("ApplyToMeAdvanced", "tome"),
             ("ApplyToMeAdvanced", "token merging"), ("ApplyToMeAdvanced", "speed up"), ("ApplyToDo", "todo"),
             ("ApplyToDo", "token downsampling"), ("ApplyToDo", "TomePatchModel")]
-
-
-def named(node_id: str, alias: str) -> bool:
-    """Whether every word of ``alias`` is in the node's id or display name (found on any ComfyUI)."""
-    return all(word.lower() in f"{node_id} {NODES[node_id]}".lower() for word in alias.split())
-
 THUMBNAIL_VIEWPORT = {"width": 2600, "height": 1400}
 THUMBNAIL_CLIP = {"x": 600, "y": 150, "width": 1600, "height": 1200}  # 4:3, clear of the sidebar and toolbars
 THUMBNAIL_SIZE = (800, 600)
@@ -168,12 +162,20 @@ def host_has_search_aliases(server) -> bool:
         return "search_aliases" in json.load(response)["ApplyToMe"]
 
 
+def named(node_id: str, alias: str) -> bool:
+    """Whether every word of ``alias`` is in the node's id or display name (found on any ComfyUI)."""
+    return all(word.lower() in f"{node_id} {NODES[node_id]}".lower() for word in alias.split())
+
+
+def search_box(page):
+    """The node search box on screen (a box of an earlier search may stay in the page, hidden)."""
+    return page.get_by_role("combobox").filter(visible=True).last
+
+
 def open_node_search(page):
     """ComfyUI's node search box, opened by a double-click on the empty canvas; double-clicked again where the
     page swallowed the first (a dialog closing, a loaded machine)."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    box = page.get_by_role("combobox").filter(visible=True).last
+    box = search_box(page)
     for _ in range(5):
         page.mouse.dblclick(1200, 700)
         try:
@@ -199,7 +201,7 @@ def test_the_node_search_box_finds_the_node_by_its_alias(page, server, request, 
         if NODES[node_id] in found:
             break
     page.keyboard.press("Escape")
-    page.get_by_role("combobox").filter(visible=True).last.wait_for(state="hidden", timeout=10_000)
+    search_box(page).wait_for(state="hidden", timeout=10_000)
     assert NODES[node_id] in found, f"{alias!r} found {found}"
 
 
