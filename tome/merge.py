@@ -24,6 +24,10 @@ import torch
 
 from .partition import Partition, draw_partition
 
+MEAN = "mean"  # ToMe: each destination becomes the mean of itself and the sources merged into it
+PRUNE = "prune"  # the baseline: the same sources dropped, each destination left as it is
+REDUCTIONS = (MEAN, PRUNE)
+
 
 class MergePlan:
     """The matching of one metric: which sources merge into which destinations.
@@ -81,10 +85,14 @@ class MergePlan:
         return self._source_index
 
     def merge(self, x: torch.Tensor, mode: str = "mean") -> torch.Tensor:
-        """``x [B, N, C] -> [B, N - removed, C]``; ``mode`` is a ``scatter_reduce`` reduction."""
+        """``x [B, N, C] -> [B, N - removed, C]``; ``mode`` is a ``scatter_reduce`` reduction, or ``PRUNE``:
+        the merged sources are dropped and every destination keeps its own value (the baseline that removes
+        the same tokens without averaging them)."""
         n, _, c = x.shape
         n_unm = self.unm_pos.shape[1]
         merged = x.gather(1, self.kept_pos().expand(n, -1, c))
+        if mode == PRUNE:
+            return merged
         src = x.gather(1, self.src_pos.expand(n, -1, c))
         merged[:, n_unm:].scatter_reduce_(1, self.dst_of_src.expand(n, -1, c), src, reduce=mode)
         return merged

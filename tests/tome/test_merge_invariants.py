@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tome.merge import IDENTITY, MergePlan, build_plan
+from tome.merge import IDENTITY, PRUNE, MergePlan, build_plan
 
 grids = st.tuples(st.integers(1, 20), st.integers(1, 20))  # (w, h)
 strides = st.tuples(st.integers(1, 4), st.integers(1, 4))  # (sx, sy)
@@ -70,6 +70,22 @@ def test_round_trip_keeps_unmerged_tokens_and_gives_merged_ones_their_group_mean
     moved = dest != torch.arange(w * h)
     assert int(moved.sum(dim=1).max()) == plan.removed
     assert set(dest[moved].tolist()) <= set(plan.dst_pos.flatten().tolist())
+
+
+@settings(max_examples=200, deadline=None)
+@given(plan_inputs())
+def test_pruning_drops_the_merged_sources_and_gives_them_their_destinations_own_value(args):
+    metric, w, h, sx, sy, r, no_rand, seed = args
+    plan = _plan(*args)
+    x = torch.randn(metric.shape[0], w * h, 5, dtype=torch.float64)
+    pruned = plan.merge(x, PRUNE)
+    assert pruned.shape == plan.merge(x).shape
+    out = plan.unmerge(pruned)
+    if plan is IDENTITY:
+        assert torch.equal(out, x)
+        return
+    dest = plan.destination_of()
+    torch.testing.assert_close(out, x.gather(1, dest[..., None].expand(-1, -1, 5)), rtol=0, atol=0)
 
 
 @settings(max_examples=100, deadline=None)

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 
 from ..downsample import MAX, METHODS, NEAREST
 from ..grid import derive_seed
-from ..merge import IDENTITY, build_plan
+from ..merge import IDENTITY, MEAN, REDUCTIONS, build_plan
 from .comfyui import (
     OUTER_SAMPLE,
     WRAPPER_KEY,
@@ -487,9 +487,9 @@ class FramePlan:
         """How many image tokens ``merge`` removes, over all frames."""
         return self.plan.removed * self.frames
 
-    def merge(self, x: torch.Tensor) -> torch.Tensor:
+    def merge(self, x: torch.Tensor, mode: str = MEAN) -> torch.Tensor:
         batch, n, rest = x.shape[0], x.shape[1], x.shape[2:]
-        merged = self.plan.merge(x.reshape(batch * self.frames, n // self.frames, -1))
+        merged = self.plan.merge(x.reshape(batch * self.frames, n // self.frames, -1), mode)
         return merged.reshape(batch, -1, *rest)
 
     def unmerge(self, x: torch.Tensor) -> torch.Tensor:
@@ -520,6 +520,7 @@ class DiTToMe:
     seed: int = 0
     use_rand: bool = True
     merge: str = MERGE_QKV
+    reduce: str = MEAN  # PRUNE: the quality bench's baseline, which drops the tokens ToMe would merge
 
 
 def warn_unrecognised(options, length: int, layout: ImageLayout) -> None:
@@ -588,9 +589,9 @@ class DiTReduction:
         if todo is not None:
             k, v = (self.pooled(todo, t, start, layout) for t in (k, v))
         elif merge_kv:
-            k, v = (self.merged(plan, t, start, layout.n_tokens) for t in (k, v))
+            k, v = (self.merged(plan, t, start, layout.n_tokens, tome.reduce) for t in (k, v))
         if merge_q:
-            q = self.merged(plan, q, start, layout.n_tokens)
+            q = self.merged(plan, q, start, layout.n_tokens, tome.reduce)
         out = attention(*(token_major(t, heads_major) for t in (q, k, v)), *args[3:], **kwargs)
         if not merge_q:
             return out
@@ -599,9 +600,10 @@ class DiTReduction:
                            out_heads_major)
 
     @staticmethod
-    def merged(plan, x: torch.Tensor, start: int, n: int) -> torch.Tensor:
-        """``x [B, L, ...]`` with its ``n`` image tokens from ``start`` merged by ``plan``."""
-        return replace_span(x, start, n, plan.merge(x[:, start:start + n]))
+    def merged(plan, x: torch.Tensor, start: int, n: int, mode: str) -> torch.Tensor:
+        """``x [B, L, ...]`` with its ``n`` image tokens from ``start`` merged by ``plan`` (``mode``: ``MEAN``
+        or ``PRUNE``)."""
+        return replace_span(x, start, n, plan.merge(x[:, start:start + n], mode))
 
     @staticmethod
     def unmerged(plan, out: torch.Tensor, start: int, n: int) -> torch.Tensor:
@@ -706,10 +708,11 @@ def apply_todo_dit(model, *, downsample_factor: int, method: str = NEAREST, time
 
 def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, seed: int = 0,
                    use_rand: bool = True, merge: str = MERGE_QKV, start_percent: float = 0.0,
-                   end_percent: float = 1.0):
+                   end_percent: float = 1.0, reduce: str = MEAN):
     """Clone ``model`` (a DiT) with ToMe in its image self-attention: the image tokens of q, k and v (or those
     ``merge`` names) merged per frame, the queries unmerged after. Ratio 0 removes an earlier ToMe; a second
-    call replaces the first."""
+    call replaces the first. ``reduce``: ``MEAN`` (ToMe) or ``PRUNE`` (the same tokens dropped: the quality
+    bench's baseline; no node offers it)."""
     family = known_family(model, "Apply ToMe")
     if family is None:
         return model
@@ -717,6 +720,7 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
     check_range("stride_x", stride_x, 1, 8)
     check_range("stride_y", stride_y, 1, 8)
     check_choice("merge", merge, MERGE_MODES)
+    check_choice("reduce", reduce, REDUCTIONS)
     current = base_reduction(model)
     if ratio <= 0.0 and current.tome is None:
         return model
@@ -724,5 +728,5 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
     tome = None
     if ratio > 0.0:
         tome = DiTToMe(ratio, stride_x, stride_y, Reach(1, *sigma_window(model, start_percent, end_percent)),
-                       seed=seed, use_rand=use_rand, merge=merge)
+                       seed=seed, use_rand=use_rand, merge=merge, reduce=reduce)
     return with_reduction(model, family, dataclasses.replace(current, tome=tome))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from ..downsample import NEAREST
+from ..merge import MEAN
 from . import comfyui_dit, comfyui_unet
 from .comfyui_unet import MERGE_QKV, SCOPE_SELF
 
@@ -26,18 +27,19 @@ def warn_ignored(node: str, model, inputs: dict[str, tuple[object, object]]) -> 
 
 def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max_downsample: str = "auto",
                seed: int = 0, use_rand: bool = True, merge: str = MERGE_QKV, start_percent: float = 0.0,
-               end_percent: float = 1.0, scope: str = SCOPE_SELF, reuse_steps: int = 1):
-    """Apply ToMe's inputs to ``model``, a U-Net or a DiT; returns the patched clone (or ``model``)."""
+               end_percent: float = 1.0, scope: str = SCOPE_SELF, reuse_steps: int = 1, reduce: str = MEAN):
+    """Apply ToMe's inputs to ``model``, a U-Net or a DiT; returns the patched clone (or ``model``). ``reduce``
+    (``MEAN``, or the quality bench's ``PRUNE`` baseline) is no node input."""
     if comfyui_dit.dit_family(model) is None:
         return comfyui_unet.apply_tome(model, ratio=ratio, stride_x=stride_x, stride_y=stride_y,
                                        max_downsample=max_downsample, seed=seed, use_rand=use_rand, merge=merge,
                                        start_percent=start_percent, end_percent=end_percent, scope=scope,
-                                       reuse_steps=reuse_steps)
+                                       reuse_steps=reuse_steps, reduce=reduce)
     warn_ignored("Apply ToMe", model, {"max_downsample": (max_downsample, "auto"), "scope": (scope, SCOPE_SELF),
                                        "reuse_steps": (reuse_steps, 1)})
     return comfyui_dit.apply_tome_dit(model, ratio=ratio, stride_x=stride_x, stride_y=stride_y, seed=seed,
                                       use_rand=use_rand, merge=merge, start_percent=start_percent,
-                                      end_percent=end_percent)
+                                      end_percent=end_percent, reduce=reduce)
 
 
 def apply_todo(model, *, downsample_factor: int, max_downsample: str = "auto", method: str = NEAREST,

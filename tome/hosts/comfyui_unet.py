@@ -30,7 +30,7 @@ import torch
 from ..downsample import METHODS, NEAREST, downsample_tokens
 from ..grid import derive_seed
 from ..levels import is_a, ldm_transformer_downsamples
-from ..merge import IDENTITY, build_plan
+from ..merge import IDENTITY, MEAN, REDUCTIONS, build_plan
 from .comfyui import (
     RUN_KEY,
     Reach,
@@ -82,6 +82,7 @@ class ToMeSettings:
     merge: str = MERGE_QKV
     modules: str = SCOPE_SELF  # the node's ``scope`` input
     reuse_steps: int = 1  # how many consecutive sampling steps one matching serves
+    reduce: str = MEAN  # PRUNE: the quality bench's baseline, which drops the tokens ToMe would merge
 
 
 class ToMeAttn1Patch:
@@ -140,11 +141,12 @@ class ToMeAttn1Patch:
             # Another pack's earlier patch may have swapped in a context of another layout: leave it.
             if t is n:
                 return merged_n
-            return plan.merge(t) if t is not None and t.shape[1] == n_tokens else t
+            return plan.merge(t, reduce) if t is not None and t.shape[1] == n_tokens else t
 
+        reduce = self.settings.reduce
         merge_q = self.settings.merge in (MERGE_QKV, MERGE_Q)
         merge_kv = self.settings.merge in (MERGE_QKV, MERGE_KV)
-        merged_n = plan.merge(n)
+        merged_n = plan.merge(n, reduce)
         if merge_q:
             extra_options[PLAN_KEY] = plan
         return (merged_n if merge_q else n,
@@ -295,10 +297,11 @@ def without_merged_feed_forwards(model) -> None:
 
 def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max_downsample: str = "auto",
                seed: int = 0, use_rand: bool = True, merge: str = MERGE_QKV, start_percent: float = 0.0,
-               end_percent: float = 1.0, scope: str = SCOPE_SELF, reuse_steps: int = 1):
+               end_percent: float = 1.0, scope: str = SCOPE_SELF, reuse_steps: int = 1, reduce: str = MEAN):
     """Clone ``model`` with ToMe patched into the modules of ``scope``; the input model is never touched.
 
-    Every input is checked before anything is cloned: a bad one raises ``ValueError`` naming it."""
+    ``reduce``: ``MEAN`` (ToMe) or ``PRUNE`` (the same tokens dropped: the quality bench's baseline; no node
+    offers it). Every input is checked before anything is cloned: a bad one raises ``ValueError`` naming it."""
     check_range("ratio", ratio, 0.0, 0.99)
     check_range("stride_x", stride_x, 1, 8)
     check_range("stride_y", stride_y, 1, 8)
@@ -306,6 +309,9 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
     check_choice("max_downsample", max_downsample, DOWNSAMPLE_CHOICES)
     check_choice("merge", merge, MERGE_MODES)
     check_choice("scope", scope, SCOPES)
+    check_choice("reduce", reduce, REDUCTIONS)
+    if reduce != MEAN and scope != SCOPE_SELF:
+        raise ValueError(f"reduce {reduce!r} is for scope {SCOPE_SELF!r} only, not {scope!r}")
     levels = unet_levels(model, "Apply ToMe")
     if not levels or (ratio <= 0.0 and not has_patches(model, TOME_PATCH_TYPES)):
         return model
@@ -313,7 +319,8 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
     downsample = pick_downsample(levels, max_downsample, "Apply ToMe")
     settings = ToMeSettings(ratio=ratio, sx=stride_x, sy=stride_y,
                             reach=Reach(downsample, *sigma_window(model, start_percent, end_percent)),
-                            seed=seed, use_rand=use_rand, merge=merge, modules=scope, reuse_steps=reuse_steps)
+                            seed=seed, use_rand=use_rand, merge=merge, modules=scope, reuse_steps=reuse_steps,
+                            reduce=reduce)
 
     patched = model.clone()
     without_patches(patched.model_options["transformer_options"].setdefault("patches", {}), TOME_PATCH_TYPES)
