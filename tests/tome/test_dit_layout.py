@@ -11,32 +11,33 @@ import torch.nn.functional as F
 
 from tome.downsample import AVERAGE, MAX, METHODS, NEAREST, downsample_tokens
 from tome.hosts import comfyui_dit as dit
+from tome.hosts import dit_families as families
 from tome.hosts.comfyui import Reach
 from tome.hosts.comfyui_unet import MERGE_KV, MERGE_Q, MERGE_QKV
 
 
 def test_flux_text_then_image_then_kontext_references():
     # A 10x13 latent pads to 10x14: 5x7 patches; a 6x8 reference adds 3x4.
-    layout = dit.flux_layout((2, 16, 10, 13), 2, text=7, references=[(1, 16, 6, 8)])
+    layout = families.flux_layout((2, 16, 10, 13), 2, text=7, references=[(1, 16, 6, 8)])
     assert layout.grid == (1, 5, 7)
     assert layout.starts == {7 + 35 + 12: 7}
 
 
 def test_sd3_registers_and_text_before_the_image_and_an_image_only_attn2():
-    layout = dit.sd3_layout((1, 16, 128, 96), 2, text=333, registers=2)
+    layout = families.sd3_layout((1, 16, 128, 96), 2, text=333, registers=2)
     assert layout.grid == (1, 64, 48)
     assert layout.starts == {2 + 333 + 64 * 48: 335, 64 * 48: 0}
 
 
 def test_wan_video_after_the_fun_reference_frame_and_no_text():
     # 21 latent frames of 60x104 (480x832); Fun's reference is one unpadded frame of patches.
-    layout = dit.wan_layout((1, 16, 21, 60, 104), (1, 2, 2), contexts=[512, 257], reference=(1, 16, 60, 104))
+    layout = families.wan_layout((1, 16, 21, 60, 104), (1, 2, 2), contexts=[512, 257], reference=(1, 16, 60, 104))
     assert layout.grid == (21, 30, 52)
     assert layout.starts == {30 * 52 + 21 * 30 * 52: 30 * 52}
 
 
 def test_wan_frames_appended_in_time_count_as_video():
-    layout = dit.wan_layout((1, 16, 5, 8, 8), (1, 2, 2), contexts=[512], extra_frames=2)
+    layout = families.wan_layout((1, 16, 5, 8, 8), (1, 2, 2), contexts=[512], extra_frames=2)
     assert layout.grid == (7, 4, 4)
     assert layout.starts == {7 * 16: 0}
 
@@ -46,23 +47,23 @@ def test_vace_reference_frames_are_the_leading_frames_with_a_zero_reactive_half_
     """``vace_context [B, contexts, 2C + 64, T, H, W]``: a reference frame has only its inactive half set; a
     control frame whose mask is 0 still has a reactive latent (an encoded grey frame, never exactly 0)."""
     context = torch.randn(1, 2, 2 * channels + 64, 5, 4, 4)
-    assert dit.vace_reference_frames(context) == 0
+    assert families.vace_reference_frames(context) == 0
     context[:, :, channels:, :2] = 0  # two reference frames ...
     context[:, :, 2 * channels:, 3] = 0  # ... and a masked-out control frame after a video frame
-    assert dit.vace_reference_frames(context) == 2
-    layout = dit.wan_layout((1, 16, 5, 8, 8), (1, 2, 2), contexts=[7], reference_frames=2)
+    assert families.vace_reference_frames(context) == 2
+    layout = families.wan_layout((1, 16, 5, 8, 8), (1, 2, 2), contexts=[7], reference_frames=2)
     assert layout.grid == (3, 4, 4)
     assert layout.starts == {5 * 16: 2 * 16}
 
 
 def test_wan_leaves_self_attention_alone_when_the_text_is_as_long_as_the_video():
     """A cross-attention call with 64 text keys for 64 video queries looks like self-attention."""
-    layout = dit.wan_layout((1, 16, 4, 8, 8), (1, 2, 2), contexts=[64])
+    layout = families.wan_layout((1, 16, 4, 8, 8), (1, 2, 2), contexts=[64])
     assert layout.starts == {}
 
 
 def test_qwen_image_text_then_image_then_edit_references():
-    layout = dit.qwen_image_layout((1, 16, 1, 10, 12), 2, text=20, references=[(1, 16, 1, 10, 12)] * 2)
+    layout = families.qwen_image_layout((1, 16, 1, 10, 12), 2, text=20, references=[(1, 16, 1, 10, 12)] * 2)
     assert layout.grid == (1, 5, 6)
     assert layout.starts == {20 + 30 + 60: 20}
 
@@ -73,14 +74,14 @@ def test_qwen_image_text_then_image_then_edit_references():
     (30, 32, {32 + 32: 32}),  # the image-only refiner is as long as the text-only one: left alone
 ])
 def test_lumina2_padded_text_then_padded_image_and_the_refiners(text, pad, starts):
-    layout = dit.lumina2_layout((1, 16, 10, 12), 2, text=text, pad_multiple=pad)
+    layout = families.lumina2_layout((1, 16, 10, 12), 2, text=text, pad_multiple=pad)
     assert layout.grid == (1, 5, 6)
     assert layout.starts == starts
 
 
 def test_hunyuan_video_reference_then_video_then_every_text_token():
     # 33 frames at 480x848: 9 latent frames of 60x106, 1x2x2 patches; 1.5's joint text is LLM + ByT5 + vision.
-    layout = dit.hunyuan_video_layout((1, 16, 9, 60, 106), (1, 2, 2), text=256 + 64 + 729, refined_text=256,
+    layout = families.hunyuan_video_layout((1, 16, 9, 60, 106), (1, 2, 2), text=256 + 64 + 729, refined_text=256,
                                       reference=(1, 16, 1, 60, 106))
     assert layout.grid == (9, 30, 53)
     assert layout.starts == {30 * 53 + 9 * 30 * 53 + 256 + 64 + 729: 30 * 53}
@@ -90,25 +91,25 @@ def test_hunyuan_video_reference_then_video_then_every_text_token():
 def test_hunyuan_video_spec_counts_byt5_and_vision_tokens_only_where_the_model_takes_them():
     x = torch.zeros(1, 16, 3, 8, 8)
     conds = {"txt_byt5": torch.zeros(1, 5, 1472), "clip_fea": torch.zeros(1, 9, 1152)}
-    hunyuan15 = dit.DiTSpec(dit.HUNYUAN_VIDEO, (1, 2, 2), byt5=True, vision=True)
+    hunyuan15 = families.DiTSpec(families.HUNYUAN_VIDEO, (1, 2, 2), byt5=True, vision=True)
     assert hunyuan15.layout(x.shape, 7, conds).starts == {48 + 7 + 5 + 9: 0}
-    assert dit.DiTSpec(dit.HUNYUAN_VIDEO, (1, 2, 2)).layout(x.shape, 7, conds).starts == {48 + 7: 0}
+    assert families.DiTSpec(families.HUNYUAN_VIDEO, (1, 2, 2)).layout(x.shape, 7, conds).starts == {48 + 7: 0}
 
 
 def test_ltxv_video_then_whole_guide_frames():
     # 33 frames at 480x832 under LTX-Video's VAE (8x32x32): 5 latent frames of 15x26, a guide frame appended.
-    layout = dit.ltxv_layout((1, 128, 6, 15, 26), (1, 1, 1), contexts=[128], guides=15 * 26)
+    layout = families.ltxv_layout((1, 128, 6, 15, 26), (1, 1, 1), contexts=[128], guides=15 * 26)
     assert layout.grid == (5, 15, 26)
     assert layout.starts == {6 * 15 * 26: 0}  # the guide's 390 tokens follow the video and are kept whole
 
 
 def test_ltxv_guides_that_are_not_whole_frames_are_not_recognised():
-    layout = dit.ltxv_layout((1, 128, 3, 4, 4), (1, 1, 1), contexts=[7], guides=5)
+    layout = families.ltxv_layout((1, 128, 3, 4, 4), (1, 1, 1), contexts=[7], guides=5)
     assert layout.starts == {} and not layout.recognises(48)
 
 
 def test_hidream_image_then_t5_and_the_llm_twice_and_no_span_under_an_edit_image():
-    spec = dit.DiTSpec(dit.HIDREAM, (1, 2, 2))
+    spec = families.DiTSpec(families.HIDREAM, (1, 2, 2))
     llama = torch.zeros(1, 48, 128, 4096)  # [B, LLM layers, tokens, width]
     assert spec.layout((1, 16, 128, 128), 128, {"encoder_hidden_states_llama3": llama}).starts == \
         {64 * 64 + 128 + 2 * 128: 0}
@@ -118,7 +119,7 @@ def test_hidream_image_then_t5_and_the_llm_twice_and_no_span_under_an_edit_image
 
 
 def test_cosmos_predict2_video_alone_as_wan():
-    spec = dit.DiTSpec(dit.COSMOS, (1, 2, 2))
+    spec = families.DiTSpec(families.COSMOS, (1, 2, 2))
     layout = spec.layout((1, 16, 5, 10, 12), 7, {})
     assert layout.grid == (5, 5, 6) and layout.starts == {150: 0}
 
@@ -126,12 +127,12 @@ def test_cosmos_predict2_video_alone_as_wan():
 def test_wan22_5b_latent_has_the_same_token_layout_as_wan21():
     """TI2V-5B: 48 channels at 16x spatial compression, so 480x832 is a 30x52 latent (Wan 2.1's is 60x104), and
     the same 1x2x2 patches: a quarter of the tokens, in the same layout."""
-    layout = dit.wan_layout((1, 48, 9, 30, 52), (1, 2, 2), contexts=[512])
+    layout = families.wan_layout((1, 48, 9, 30, 52), (1, 2, 2), contexts=[512])
     assert layout.grid == (9, 15, 26) and layout.starts == {9 * 15 * 26: 0}
 
 
 def test_a_sequence_of_another_length_has_no_image():
-    layout = dit.flux_layout((1, 16, 8, 8), 2, text=4)
+    layout = families.flux_layout((1, 16, 8, 8), 2, text=4)
     assert layout.start(20) == 4
     assert layout.start(19) is None
 
@@ -205,7 +206,7 @@ def qkv(batch, heads, length, dim, heads_major, seed=0):
 
 @pytest.mark.parametrize("heads_major", [True, False])
 def test_todo_pools_the_image_keys_and_values_and_keeps_text_and_queries(heads_major):
-    layout = dit.flux_layout((1, 16, 12, 16), 2, text=5)  # 6x8 image tokens after 5 text tokens
+    layout = families.flux_layout((1, 16, 12, 16), 2, text=5)  # 6x8 image tokens after 5 text tokens
     q, k, v = qkv(2, 2, 5 + 48, 4, heads_major)
     override = dit.DiTReduction(todo=dit.DiTToDo(2, 1, NEAREST, EVERYWHERE))
     sdpa.calls.clear()
@@ -226,7 +227,7 @@ def test_todo_pools_the_image_keys_and_values_and_keeps_text_and_queries(heads_m
 
 
 def test_cross_attention_masked_calls_and_unknown_lengths_are_left_alone():
-    layout = dit.wan_layout((1, 16, 2, 4, 4), (1, 2, 2), contexts=[7])
+    layout = families.wan_layout((1, 16, 2, 4, 4), (1, 2, 2), contexts=[7])
     override = dit.DiTReduction(todo=dit.DiTToDo(2, 1, NEAREST, EVERYWHERE),
                                 tome=dit.DiTToMe(0.5, 2, 2, EVERYWHERE))
     q, _, _ = qkv(1, 2, 32, 4, False)
@@ -242,7 +243,7 @@ def test_cross_attention_masked_calls_and_unknown_lengths_are_left_alone():
 @pytest.mark.parametrize("heads_major", [True, False])
 @pytest.mark.parametrize("merge", [MERGE_QKV, MERGE_KV, MERGE_Q])
 def test_tome_merges_image_tokens_per_frame_and_restores_every_query(heads_major, merge):
-    layout = dit.lumina2_layout((1, 16, 8, 12), 2, text=6, pad_multiple=4)  # 8 text, 4x6 image, 0 image padding
+    layout = families.lumina2_layout((1, 16, 8, 12), 2, text=6, pad_multiple=4)  # 8 text, 4x6 image, 0 image padding
     q, k, v = qkv(2, 2, 32, 4, heads_major)
     override = dit.DiTReduction(tome=dit.DiTToMe(0.5, 2, 2, EVERYWHERE, seed=3, merge=merge))
     sdpa.calls.clear()
@@ -261,7 +262,7 @@ def test_tome_merges_image_tokens_per_frame_and_restores_every_query(heads_major
 
 
 def test_tome_on_video_merges_frame_by_frame():
-    layout = dit.wan_layout((1, 16, 3, 4, 8), (1, 2, 2))  # 3 frames of 2x4
+    layout = families.wan_layout((1, 16, 3, 4, 8), (1, 2, 2))  # 3 frames of 2x4
     _, k, _ = qkv(1, 2, 24, 4, False)
     tome = dit.DiTToMe(0.5, 2, 2, EVERYWHERE, use_rand=False)
     plan = dit.DiTReduction.plan(tome, k, layout.grid, 0, {})
@@ -275,7 +276,7 @@ def test_tome_on_video_merges_frame_by_frame():
 
 
 def test_an_unknown_self_attention_length_is_left_whole_and_warned_about_once_per_run(caplog):
-    layout = dit.flux_layout((1, 16, 8, 8), 2, text=4)  # 4 + 16 tokens
+    layout = families.flux_layout((1, 16, 8, 8), 2, text=4)  # 4 + 16 tokens
     override = dit.DiTReduction(todo=dit.DiTToDo(2, 1, NEAREST, EVERYWHERE))
     q, k, v = qkv(1, 2, 22, 4, False)
     with caplog.at_level(logging.WARNING):
@@ -290,7 +291,7 @@ def test_an_unknown_self_attention_length_is_left_whole_and_warned_about_once_pe
 
 
 def test_the_layouts_own_image_free_lengths_and_cross_attention_raise_no_warning(caplog):
-    layout = dit.lumina2_layout((1, 16, 8, 8), 2, text=6, pad_multiple=4)  # text-only refiner: 8 tokens
+    layout = families.lumina2_layout((1, 16, 8, 8), 2, text=6, pad_multiple=4)  # text-only refiner: 8 tokens
     override = dit.DiTReduction(todo=dit.DiTToDo(2, 1, NEAREST, EVERYWHERE))
     with caplog.at_level(logging.WARNING):
         for q_len, k_len in [(8, 8), (16, 8)]:
@@ -301,7 +302,7 @@ def test_the_layouts_own_image_free_lengths_and_cross_attention_raise_no_warning
 
 
 def test_the_override_already_on_the_model_is_called_instead_of_the_attention():
-    layout = dit.sd3_layout((1, 16, 8, 8), 2, text=3)
+    layout = families.sd3_layout((1, 16, 8, 8), 2, text=3)
     seen = []
 
     def earlier(func, *args, **kwargs):
@@ -316,7 +317,7 @@ def test_the_override_already_on_the_model_is_called_instead_of_the_attention():
 
 
 def test_outside_the_window_nothing_is_reduced():
-    layout = dit.sd3_layout((1, 16, 8, 8), 2, text=3)
+    layout = families.sd3_layout((1, 16, 8, 8), 2, text=3)
     override = dit.DiTReduction(todo=dit.DiTToDo(2, 1, MAX, Reach(1, sigma_start=5.0, sigma_end=2.0)))
     q, k, v = qkv(1, 2, 19, 4, False)
     for sigma, keys in [(9.0, 19), (3.0, 7), (1.0, 19)]:

@@ -9,7 +9,9 @@ the image grid or the text length, so a keyed ``apply_model`` wrapper, which
 sees the latent and the conds of every model call, writes the call's
 ``ImageLayout`` (the grid in patches, and where the image tokens start in each
 sequence that holds them) into a copy of that call's ``transformer_options``;
-the override reads it back from its ``transformer_options`` keyword.
+the override reads it back from its ``transformer_options`` keyword. Each
+family's layout, and how the family is recognised, is in ``dit_families``; this
+module is the machinery they share.
 
 Inside an attention call the override finds the image tokens by the length of
 the sequence (self-attention: queries as long as keys, a length the layout
@@ -42,8 +44,8 @@ import functools
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +65,7 @@ from .comfyui import (
     sigma_window,
 )
 from .comfyui_unet import MERGE_KV, MERGE_MODES, MERGE_Q, MERGE_QKV
+from .dit_families import FAMILIES, DiTSpec, ImageLayout, dit_family, dit_spec
 
 log = logging.getLogger(__name__)
 
@@ -72,254 +75,6 @@ LAYOUT_KEY = "tome_layout"  # in a model call's transformer_options: its ImageLa
 CALL_KEY = "tome_call"  # in a model call's transformer_options: image self-attention calls so far (for seeds)
 MAIN_BLOCK_KEY = "tome_main_block"  # in a VACE model call's transformer_options: whether a main block is running
 RUN_KEY = "tome_dit_run"  # in a sampling run's transformer_options: that run's RunWarnings
-
-FLUX, SD3, WAN, QWEN_IMAGE, LUMINA2 = "flux", "sd3", "wan", "qwen_image", "lumina2"
-HUNYUAN_VIDEO, LTXV, HIDREAM, COSMOS = "hunyuan_video", "ltxv", "hidream", "cosmos_predict2"
-FAMILIES = (FLUX, SD3, WAN, QWEN_IMAGE, LUMINA2, HUNYUAN_VIDEO, LTXV, HIDREAM, COSMOS)
-# Class names (of ComfyUI's model_base class, or of its diffusion model) and their family; matched anywhere
-# in the class hierarchy. Flux 2, Chroma and Chroma Radiance run Flux's token order ([text | image | refs]) and
-# count as Flux; Wan 2.2 (TI2V-5B), VACE, i2v and Fun count as Wan; HunyuanVideo 1.5 and HunyuanImage 2.1 (its
-# network) as HunyuanVideo. Wan's S2V, Animate and HuMo add tokens of their own to the video: their calls are
-# unrecognised lengths.
-FAMILY_OF_CLASS = {
-    "Flux": FLUX, "SD3": SD3, "MMDiT": SD3, "WAN21": WAN, "WanModel": WAN,
-    "QwenImage": QWEN_IMAGE, "QwenImageTransformer2DModel": QWEN_IMAGE, "Lumina2": LUMINA2, "NextDiT": LUMINA2,
-    "HunyuanVideo": HUNYUAN_VIDEO, "LTXV": LTXV, "LTXVModel": LTXV, "HiDream": HIDREAM,
-    "HiDreamImageTransformer2DModel": HIDREAM, "CosmosPredict2": COSMOS, "MiniTrainDIT": COSMOS,
-}
-
-
-# Layouts: where the image tokens are, from shapes alone.
-
-@dataclass(frozen=True)
-class ImageLayout:
-    """The image tokens of one model call.
-
-    ``grid (t, h, w)``: frames, rows and columns in patches (``t`` is 1 for
-    images). ``starts``: for each length of a self-attention sequence that
-    holds the image, the index of its first image token; the image is
-    ``t * h * w`` tokens from there, row-major per frame. ``others``: lengths
-    a call may have without the image; any other length is unrecognised.
-    """
-
-    grid: tuple[int, int, int]
-    starts: Mapping[int, int] = field(default_factory=dict)
-    others: frozenset[int] = frozenset()  # self-attention lengths known to hold no image (text refiners)
-
-    @property
-    def n_tokens(self) -> int:
-        return math.prod(self.grid)
-
-    def start(self, length: int) -> int | None:
-        """Where the image starts in a sequence of ``length`` tokens; ``None`` for a sequence without it."""
-        return self.starts.get(length)
-
-    def recognises(self, length: int) -> bool:
-        """Whether a self-attention sequence of ``length`` tokens is one this layout expects."""
-        return length in self.starts or length in self.others
-
-
-def image_layout(grid: tuple[int, int, int], starts: Mapping[int, int], others: Iterable[int] = ()) -> ImageLayout:
-    """An ``ImageLayout``, leaving out the lengths that ``others`` (sequences without the image: a text-only
-    refiner, cross-attention keys) share: a call of such a length cannot be told apart, so it is left alone."""
-    others = frozenset(others)
-    return ImageLayout(grid, {length: start for length, start in starts.items() if length not in others}, others)
-
-
-def patch_grid(latent_shape: Sequence[int], patch: Sequence[int]) -> tuple[int, int, int]:
-    """``(t, h, w)`` in patches of a latent ``[B, C, H, W]`` or ``[B, C, T, H, W]`` padded up to whole patches
-    (``pad_to_patch_size``); ``patch`` is ``(pt, ph, pw)``."""
-    frames = latent_shape[-3] if len(latent_shape) == 5 else 1
-    pt, ph, pw = patch
-    return math.ceil(frames / pt), math.ceil(latent_shape[-2] / ph), math.ceil(latent_shape[-1] / pw)
-
-
-def padded(n: int, multiple: int | None) -> int:
-    """``n`` rounded up to ``multiple`` (Lumina's ``pad_tokens_multiple``; ``None``: no padding)."""
-    return n + (-n) % multiple if multiple else n
-
-
-def flux_layout(latent_shape, patch: int, text: int, references: Sequence[Sequence[int]] = ()) -> ImageLayout:
-    """Flux: ``[text | image | Kontext references]`` in every block (double blocks join text and image)."""
-    grid = patch_grid(latent_shape, (1, patch, patch))
-    refs = sum(math.prod(patch_grid(r, (1, patch, patch))) for r in references)
-    return image_layout(grid, {text + math.prod(grid) + refs: text})
-
-
-def sd3_layout(latent_shape, patch: int, text: int, registers: int = 0) -> ImageLayout:
-    """SD3 / SD3.5 (MMDiT): ``[registers | text | image]`` in joint attention; SD3.5's ``attn2`` sees the
-    image alone."""
-    grid = patch_grid(latent_shape, (1, patch, patch))
-    n = math.prod(grid)
-    return image_layout(grid, {registers + text + n: registers + text, n: 0})
-
-
-def wan_layout(latent_shape, patch: Sequence[int], contexts: Iterable[int] = (), extra_frames: int = 0,
-               reference: Sequence[int] | None = None, reference_frames: int = 0) -> ImageLayout:
-    """Wan 2.x: self-attention sees ``[Fun reference frame | video t*h*w]`` and no text.
-
-    ``extra_frames``: latent frames appended in time (``time_dim_concat``);
-    ``reference``: the shape of Wan Fun's reference latent ``[B, C, H, W]``,
-    made one frame of tokens by an unpadded ``ph x pw`` convolution;
-    ``reference_frames``: the video's first latent frames that are reference
-    images (VACE), left whole. Cross-attention has keys of the ``contexts``
-    lengths (text, CLIP image).
-    """
-    t, h, w = patch_grid(latent_shape, patch)
-    t += math.ceil(extra_frames / patch[0])
-    ref = 0 if reference is None else (reference[-2] // patch[1]) * (reference[-1] // patch[2])
-    whole = min(reference_frames, t - 1)  # a call made of reference frames alone reduces its last frame
-    return image_layout((t - whole, h, w), {ref + t * h * w: ref + whole * h * w}, contexts)
-
-
-def vace_reference_frames(vace_context: torch.Tensor) -> int:
-    """How many leading latent frames of a VACE call are reference images, from its ``vace_context``
-    ``[B, contexts, 2C + 64, T, H, W]`` (per context: inactive and reactive control latents, ``C`` channels
-    each, then a 64-channel mask). ``WanVaceToVideo`` puts the reference image's latent ahead of the control
-    video's with a zero reactive half (zeros through the latent format and back: exactly 0) and a zero mask, in
-    every context it makes; a VAE-encoded control frame is never exactly zero."""
-    reactive = (vace_context.shape[2] - 64) // 2  # where the reactive half starts: the mask follows it
-    frames = 0
-    for frame in range(vace_context.shape[3]):
-        if vace_context[:, :, reactive:, frame].any():
-            break
-        frames += 1
-    return frames
-
-
-def qwen_image_layout(latent_shape, patch: int, text: int, references: Sequence[Sequence[int]] = ()) -> ImageLayout:
-    """Qwen-Image: ``[text | image | edit references]`` in every block."""
-    grid = patch_grid(latent_shape, (1, patch, patch))
-    refs = sum(math.prod(patch_grid(r, (1, patch, patch))) for r in references)
-    return image_layout(grid, {text + math.prod(grid) + refs: text})
-
-
-def lumina2_layout(latent_shape, patch: int, text: int, pad_multiple: int | None = None) -> ImageLayout:
-    """Lumina 2 / Z-Image: the refiners see the text alone and the image alone, the main layers
-    ``[text + pad | image + pad]`` (Z-Image pads each to ``pad_multiple``)."""
-    grid = patch_grid(latent_shape, (1, patch, patch))
-    text_len, image_len = padded(text, pad_multiple), padded(math.prod(grid), pad_multiple)
-    return image_layout(grid, {text_len + image_len: text_len, image_len: 0}, (text_len,))
-
-
-def hunyuan_video_layout(latent_shape, patch: Sequence[int], text: int, refined_text: int,
-                         reference: Sequence[int] | None = None) -> ImageLayout:
-    """HunyuanVideo (and 1.5): ``[reference | video | text]`` in every block, the image first.
-
-    ``text``: every context token of the joint blocks (1.5 adds its ByT5 and
-    CLIP vision tokens to the LLM's); ``refined_text``: the LLM tokens alone,
-    which the token refiner attends among themselves; ``reference``: the shape
-    of an I2V reference latent, patched as the video and put before it.
-    """
-    grid = patch_grid(latent_shape, patch)
-    ref = 0 if reference is None else math.prod(patch_grid(reference, patch))
-    return image_layout(grid, {ref + math.prod(grid) + text: ref}, (refined_text,))
-
-
-def ltxv_layout(latent_shape, patch: Sequence[int], contexts: Iterable[int] = (), guides: int = 0) -> ImageLayout:
-    """LTX-Video: self-attention sees ``[video | guide frames]`` and no text.
-
-    ``guides``: the tokens of the keyframes ``LTXVAddGuide`` appended to the
-    latent in time (``keyframe_idxs``), whole latent frames after the video;
-    they are left whole. Cross-attention has keys of the ``contexts`` lengths.
-    """
-    t, h, w = patch_grid(latent_shape, patch)
-    if guides % (h * w):  # not whole frames: not a layout LTXVAddGuide makes
-        return ImageLayout((t, h, w), {}, frozenset(contexts))
-    return image_layout((t - guides // (h * w), h, w), {t * h * w: 0}, contexts)
-
-
-def hidream_layout(latent_shape, patch: int, text: int, edit: Sequence[int] | None = None) -> ImageLayout:
-    """HiDream: ``[image | text]`` in every block, ``text`` being T5's tokens and the LLM's twice (the last
-    layer's and each block's own). ``edit``: the shape of HiDream E1's edit latent, joined to the image along
-    the width, so every row of patches holds both: no image span, nothing recognised."""
-    if edit is not None:
-        return ImageLayout(patch_grid(latent_shape, (1, patch, patch)))
-    grid = patch_grid(latent_shape, (1, patch, patch))
-    return image_layout(grid, {math.prod(grid) + text: 0})
-
-
-@dataclass(frozen=True)
-class DiTSpec:
-    """What a layout needs from the model itself: its family and patch size, SD3's registers, Lumina's token
-    padding, whether Wan has Fun's reference convolution, whether HunyuanVideo 1.5 takes ByT5 and CLIP vision
-    tokens, and how many main blocks a Wan VACE model has (0 for every other model)."""
-
-    family: str
-    patch: tuple[int, int, int]
-    registers: int = 0
-    pad_multiple: int | None = None
-    reference_conv: bool = False
-    byt5: bool = False
-    vision: bool = False
-    vace_main_blocks: int = 0
-
-    def layout(self, latent_shape, text: int, conds: Mapping) -> ImageLayout:
-        """The ``ImageLayout`` of one model call with latent ``latent_shape``, ``text`` context tokens and the
-        extra ``conds`` the model receives."""
-        patch = self.patch[-1]
-        if self.family == FLUX:
-            return flux_layout(latent_shape, patch, text, [r.shape for r in conds.get("ref_latents") or ()])
-        if self.family == SD3:
-            return sd3_layout(latent_shape, patch, text, self.registers)
-        if self.family == QWEN_IMAGE:
-            return qwen_image_layout(latent_shape, patch, text, [r.shape for r in conds.get("ref_latents") or ()])
-        if self.family == LUMINA2:
-            return lumina2_layout(latent_shape, patch, text, self.pad_multiple)
-        if self.family == WAN:
-            clip = conds.get("clip_fea")  # i2v: CLIP image tokens, a second cross-attention
-            extra = conds.get("time_dim_concat")
-            reference = conds.get("reference_latent") if self.reference_conv else None
-            vace = conds.get("vace_context")
-            return wan_layout(latent_shape, self.patch, [text] + ([clip.shape[-2]] if clip is not None else []),
-                              0 if extra is None else extra.shape[2], None if reference is None else reference.shape,
-                              0 if vace is None else vace_reference_frames(vace))
-        if self.family == HUNYUAN_VIDEO:
-            byt5 = conds.get("txt_byt5") if self.byt5 else None
-            clip = conds.get("clip_fea") if self.vision else None
-            joint = text + sum(0 if c is None else c.shape[1] for c in (byt5, clip))
-            reference = conds.get("ref_latent")
-            return hunyuan_video_layout(latent_shape, self.patch, joint, text,
-                                        None if reference is None else reference.shape)
-        if self.family == LTXV:
-            keyframes = conds.get("keyframe_idxs")  # [B, 3, guide tokens]: their pixel coordinates
-            return ltxv_layout(latent_shape, self.patch, [text], 0 if keyframes is None else keyframes.shape[2])
-        if self.family == HIDREAM:
-            llama = conds.get("encoder_hidden_states_llama3")  # [B, LLM layers, tokens, width]
-            edit = conds.get("image_cond")
-            return hidream_layout(latent_shape, patch, text + 2 * (0 if llama is None else llama.shape[2]),
-                                  None if edit is None else edit.shape)
-        if self.family == COSMOS:  # the video alone, as Wan's
-            return wan_layout(latent_shape, self.patch, [text])
-        raise ValueError(f"no layout for the DiT family {self.family!r}")
-
-
-def dit_family(model) -> str | None:
-    """The DiT family of a ``ModelPatcher`` (one of ``FAMILIES``), from the class of its model or of its
-    diffusion model; ``None`` for anything else (U-Nets, DiTs this adapter does not know)."""
-    for obj in (model.model, model.get_model_object("diffusion_model")):
-        for cls in type(obj).__mro__:
-            if cls.__name__ in FAMILY_OF_CLASS:
-                return FAMILY_OF_CLASS[cls.__name__]
-    return None
-
-
-def dit_spec(model, family: str) -> DiTSpec:
-    """The ``DiTSpec`` of ``model``, read from its diffusion model's attributes."""
-    net = model.get_model_object("diffusion_model")
-    if family == LTXV:
-        patch = net.patchifier.patch_size
-    elif family == COSMOS:
-        patch = (net.patch_temporal, net.patch_spatial, net.patch_spatial)
-    else:
-        patch = net.patch_size
-    patch = tuple(patch) if isinstance(patch, Sequence) else (patch, patch)
-    patch = (1,) * (3 - len(patch)) + patch  # (ph, pw) of an image model: one frame
-    return DiTSpec(family, patch, registers=getattr(net, "register_length", 0) or 0,
-                   pad_multiple=getattr(net, "pad_tokens_multiple", None),
-                   reference_conv=getattr(net, "ref_conv", None) is not None,
-                   byt5=getattr(net, "byt5_in", None) is not None, vision=getattr(net, "vision_in", None) is not None,
-                   vace_main_blocks=len(net.blocks) if getattr(net, "vace_blocks", None) is not None else 0)
 
 
 class RunWarnings:

@@ -1,0 +1,327 @@
+"""The DiT families of ``comfyui_dit``: how each is recognised, and where its image (video) tokens sit.
+
+A family is one ``Family`` in ``FAMILY_LIST``: the class names it is known by
+(of ComfyUI's ``model_base`` class or of its diffusion model), how its patch
+size is read from the diffusion model, and its layout: from the latent's shape,
+the text length and the conds of one model call, an ``ImageLayout`` (the grid
+in patches, and where the image starts in each self-attention sequence that
+holds it). Every token a layout does not place in the image (text, registers,
+reference, edit, guide frames, padding) is left whole by the override. Adding a
+family touches this module, its tests and its example workflow; the machinery
+(the override, the wrappers, registration) is ``comfyui_dit``'s.
+
+Each layout is written from the family's own code in ComfyUI (``comfy/ldm/<family>/``): the token order
+its blocks build, read from shapes alone. No ComfyUI import.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+# Layouts: where the image tokens are, from shapes alone.
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """The image tokens of one model call.
+
+    ``grid (t, h, w)``: frames, rows and columns in patches (``t`` is 1 for
+    images). ``starts``: for each length of a self-attention sequence that
+    holds the image, the index of its first image token; the image is
+    ``t * h * w`` tokens from there, row-major per frame. ``others``: lengths
+    a call may have without the image; any other length is unrecognised.
+    """
+
+    grid: tuple[int, int, int]
+    starts: Mapping[int, int] = field(default_factory=dict)
+    others: frozenset[int] = frozenset()  # self-attention lengths known to hold no image (text refiners)
+
+    @property
+    def n_tokens(self) -> int:
+        return math.prod(self.grid)
+
+    def start(self, length: int) -> int | None:
+        """Where the image starts in a sequence of ``length`` tokens; ``None`` for a sequence without it."""
+        return self.starts.get(length)
+
+    def recognises(self, length: int) -> bool:
+        """Whether a self-attention sequence of ``length`` tokens is one this layout expects."""
+        return length in self.starts or length in self.others
+
+
+def image_layout(grid: tuple[int, int, int], starts: Mapping[int, int], others: Iterable[int] = ()) -> ImageLayout:
+    """An ``ImageLayout``, leaving out the lengths that ``others`` (sequences without the image: a text-only
+    refiner, cross-attention keys) share: a call of such a length cannot be told apart, so it is left alone."""
+    others = frozenset(others)
+    return ImageLayout(grid, {length: start for length, start in starts.items() if length not in others}, others)
+
+
+def patch_grid(latent_shape: Sequence[int], patch: Sequence[int]) -> tuple[int, int, int]:
+    """``(t, h, w)`` in patches of a latent ``[B, C, H, W]`` or ``[B, C, T, H, W]`` padded up to whole patches
+    (``pad_to_patch_size``); ``patch`` is ``(pt, ph, pw)``."""
+    frames = latent_shape[-3] if len(latent_shape) == 5 else 1
+    pt, ph, pw = patch
+    return math.ceil(frames / pt), math.ceil(latent_shape[-2] / ph), math.ceil(latent_shape[-1] / pw)
+
+
+def padded(n: int, multiple: int | None) -> int:
+    """``n`` rounded up to ``multiple`` (Lumina's ``pad_tokens_multiple``; ``None``: no padding)."""
+    return n + (-n) % multiple if multiple else n
+
+
+def flux_layout(latent_shape, patch: int, text: int, references: Sequence[Sequence[int]] = ()) -> ImageLayout:
+    """Flux: ``[text | image | Kontext references]`` in every block (double blocks join text and image)."""
+    grid = patch_grid(latent_shape, (1, patch, patch))
+    refs = sum(math.prod(patch_grid(r, (1, patch, patch))) for r in references)
+    return image_layout(grid, {text + math.prod(grid) + refs: text})
+
+
+def sd3_layout(latent_shape, patch: int, text: int, registers: int = 0) -> ImageLayout:
+    """SD3 / SD3.5 (MMDiT): ``[registers | text | image]`` in joint attention; SD3.5's ``attn2`` sees the
+    image alone."""
+    grid = patch_grid(latent_shape, (1, patch, patch))
+    n = math.prod(grid)
+    return image_layout(grid, {registers + text + n: registers + text, n: 0})
+
+
+def wan_layout(latent_shape, patch: Sequence[int], contexts: Iterable[int] = (), extra_frames: int = 0,
+               reference: Sequence[int] | None = None, reference_frames: int = 0) -> ImageLayout:
+    """Wan 2.x: self-attention sees ``[Fun reference frame | video t*h*w]`` and no text.
+
+    ``extra_frames``: latent frames appended in time (``time_dim_concat``);
+    ``reference``: the shape of Wan Fun's reference latent ``[B, C, H, W]``,
+    made one frame of tokens by an unpadded ``ph x pw`` convolution;
+    ``reference_frames``: the video's first latent frames that are reference
+    images (VACE), left whole. Cross-attention has keys of the ``contexts``
+    lengths (text, CLIP image).
+    """
+    t, h, w = patch_grid(latent_shape, patch)
+    t += math.ceil(extra_frames / patch[0])
+    ref = 0 if reference is None else (reference[-2] // patch[1]) * (reference[-1] // patch[2])
+    whole = min(reference_frames, t - 1)  # a call made of reference frames alone reduces its last frame
+    return image_layout((t - whole, h, w), {ref + t * h * w: ref + whole * h * w}, contexts)
+
+
+def vace_reference_frames(vace_context: torch.Tensor) -> int:
+    """How many leading latent frames of a VACE call are reference images, from its ``vace_context``
+    ``[B, contexts, 2C + 64, T, H, W]`` (per context: inactive and reactive control latents, ``C`` channels
+    each, then a 64-channel mask). ``WanVaceToVideo`` puts the reference image's latent ahead of the control
+    video's with a zero reactive half (zeros through the latent format and back: exactly 0) and a zero mask, in
+    every context it makes; a VAE-encoded control frame is never exactly zero."""
+    reactive = (vace_context.shape[2] - 64) // 2  # where the reactive half starts: the mask follows it
+    frames = 0
+    for frame in range(vace_context.shape[3]):
+        if vace_context[:, :, reactive:, frame].any():
+            break
+        frames += 1
+    return frames
+
+
+def qwen_image_layout(latent_shape, patch: int, text: int, references: Sequence[Sequence[int]] = ()) -> ImageLayout:
+    """Qwen-Image: ``[text | image | edit references]`` in every block."""
+    grid = patch_grid(latent_shape, (1, patch, patch))
+    refs = sum(math.prod(patch_grid(r, (1, patch, patch))) for r in references)
+    return image_layout(grid, {text + math.prod(grid) + refs: text})
+
+
+def lumina2_layout(latent_shape, patch: int, text: int, pad_multiple: int | None = None) -> ImageLayout:
+    """Lumina 2 / Z-Image: the refiners see the text alone and the image alone, the main layers
+    ``[text + pad | image + pad]`` (Z-Image pads each to ``pad_multiple``)."""
+    grid = patch_grid(latent_shape, (1, patch, patch))
+    text_len, image_len = padded(text, pad_multiple), padded(math.prod(grid), pad_multiple)
+    return image_layout(grid, {text_len + image_len: text_len, image_len: 0}, (text_len,))
+
+
+def hunyuan_video_layout(latent_shape, patch: Sequence[int], text: int, refined_text: int,
+                         reference: Sequence[int] | None = None) -> ImageLayout:
+    """HunyuanVideo (and 1.5): ``[reference | video | text]`` in every block, the image first.
+
+    ``text``: every context token of the joint blocks (1.5 adds its ByT5 and
+    CLIP vision tokens to the LLM's); ``refined_text``: the LLM tokens alone,
+    which the token refiner attends among themselves; ``reference``: the shape
+    of an I2V reference latent, patched as the video and put before it.
+    """
+    grid = patch_grid(latent_shape, patch)
+    ref = 0 if reference is None else math.prod(patch_grid(reference, patch))
+    return image_layout(grid, {ref + math.prod(grid) + text: ref}, (refined_text,))
+
+
+def ltxv_layout(latent_shape, patch: Sequence[int], contexts: Iterable[int] = (), guides: int = 0) -> ImageLayout:
+    """LTX-Video: self-attention sees ``[video | guide frames]`` and no text.
+
+    ``guides``: the tokens of the keyframes ``LTXVAddGuide`` appended to the
+    latent in time (``keyframe_idxs``), whole latent frames after the video;
+    they are left whole. Cross-attention has keys of the ``contexts`` lengths.
+    """
+    t, h, w = patch_grid(latent_shape, patch)
+    if guides % (h * w):  # not whole frames: not a layout LTXVAddGuide makes
+        return ImageLayout((t, h, w), {}, frozenset(contexts))
+    return image_layout((t - guides // (h * w), h, w), {t * h * w: 0}, contexts)
+
+
+def hidream_layout(latent_shape, patch: int, text: int, edit: Sequence[int] | None = None) -> ImageLayout:
+    """HiDream: ``[image | text]`` in every block, ``text`` being T5's tokens and the LLM's twice (the last
+    layer's and each block's own). ``edit``: the shape of HiDream E1's edit latent, joined to the image along
+    the width, so every row of patches holds both: no image span, nothing recognised."""
+    if edit is not None:
+        return ImageLayout(patch_grid(latent_shape, (1, patch, patch)))
+    grid = patch_grid(latent_shape, (1, patch, patch))
+    return image_layout(grid, {math.prod(grid) + text: 0})
+
+
+# The model's side: what a layout needs from the diffusion model, read once when a node patches it.
+
+@dataclass(frozen=True)
+class DiTSpec:
+    """What a layout needs from the model itself: its family and patch size, SD3's registers, Lumina's token
+    padding, whether Wan has Fun's reference convolution, whether HunyuanVideo 1.5 takes ByT5 and CLIP vision
+    tokens, and how many main blocks a Wan VACE model has (0 for every other model)."""
+
+    family: str
+    patch: tuple[int, int, int]
+    registers: int = 0
+    pad_multiple: int | None = None
+    reference_conv: bool = False
+    byt5: bool = False
+    vision: bool = False
+    vace_main_blocks: int = 0
+
+    def layout(self, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+        """The ``ImageLayout`` of one model call with latent ``latent_shape``, ``text`` context tokens and the
+        extra ``conds`` the model receives."""
+        return FAMILY_BY_NAME[self.family].layout(self, latent_shape, text, conds)
+
+
+# Each family's layout of one model call: its layout function fed from the spec and the call's conds.
+
+def shapes(latents) -> list[torch.Size]:
+    """The shapes of a list of reference latents (``ref_latents``), empty for ``None``."""
+    return [r.shape for r in latents or ()]
+
+
+def flux_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+    """Flux, Flux 2, Chroma: Kontext / Flux 2 references from ``ref_latents``."""
+    return flux_layout(latent_shape, spec.patch[-1], text, shapes(conds.get("ref_latents")))
+
+
+def sd3_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+    """SD3: the registers the model has."""
+    return sd3_layout(latent_shape, spec.patch[-1], text, spec.registers)
+
+
+def qwen_image_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+    """Qwen-Image: edit references from ``ref_latents``."""
+    return qwen_image_layout(latent_shape, spec.patch[-1], text, shapes(conds.get("ref_latents")))
+
+
+def lumina2_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+    """Lumina 2 / Z-Image: the model's token padding."""
+    return lumina2_layout(latent_shape, spec.patch[-1], text, spec.pad_multiple)
+
+
+def wan_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+    """Wan 2.x: i2v's CLIP image tokens (a second cross-attention), frames appended in time, Fun's reference
+    latent (where the model has its convolution), VACE's reference frames."""
+    clip = conds.get("clip_fea")
+    extra = conds.get("time_dim_concat")
+    reference = conds.get("reference_latent") if spec.reference_conv else None
+    vace = conds.get("vace_context")
+    return wan_layout(latent_shape, spec.patch, [text] + ([clip.shape[-2]] if clip is not None else []),
+                      0 if extra is None else extra.shape[2], None if reference is None else reference.shape,
+                      0 if vace is None else vace_reference_frames(vace))
+
+
+def hunyuan_video_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+    """HunyuanVideo: 1.5's ByT5 and CLIP vision tokens join the text; the I2V reference latent."""
+    byt5 = conds.get("txt_byt5") if spec.byt5 else None
+    clip = conds.get("clip_fea") if spec.vision else None
+    joint = text + sum(0 if c is None else c.shape[1] for c in (byt5, clip))
+    reference = conds.get("ref_latent")
+    return hunyuan_video_layout(latent_shape, spec.patch, joint, text, None if reference is None else reference.shape)
+
+
+def ltxv_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+    """LTX-Video: the guide tokens ``keyframe_idxs [B, 3, guide tokens]`` names by their pixel coordinates."""
+    keyframes = conds.get("keyframe_idxs")
+    return ltxv_layout(latent_shape, spec.patch, [text], 0 if keyframes is None else keyframes.shape[2])
+
+
+def hidream_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+    """HiDream: the LLM's tokens ``[B, LLM layers, tokens, width]`` twice after T5's; E1's edit latent."""
+    llama = conds.get("encoder_hidden_states_llama3")
+    edit = conds.get("image_cond")
+    return hidream_layout(latent_shape, spec.patch[-1], text + 2 * (0 if llama is None else llama.shape[2]),
+                          None if edit is None else edit.shape)
+
+
+def cosmos_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+    """Cosmos Predict2: the video alone, as Wan's."""
+    return wan_layout(latent_shape, spec.patch, [text])
+
+
+# The families.
+
+def patch_size(net) -> Sequence[int] | int:
+    """The patch size most diffusion models keep as ``patch_size``."""
+    return net.patch_size
+
+
+@dataclass(frozen=True)
+class Family:
+    """One DiT family: its name, the class names it is known by (matched anywhere in the class hierarchy of
+    ComfyUI's model class or of its diffusion model), its ``layout(spec, latent_shape, text, conds)``, and how
+    its patch size is read from the diffusion model."""
+
+    name: str
+    classes: tuple[str, ...]
+    layout: Callable[[DiTSpec, Sequence[int], int, Mapping], ImageLayout]
+    patch: Callable[[torch.nn.Module], Sequence[int] | int] = patch_size
+
+
+FLUX, SD3, WAN, QWEN_IMAGE, LUMINA2 = "flux", "sd3", "wan", "qwen_image", "lumina2"
+HUNYUAN_VIDEO, LTXV, HIDREAM, COSMOS = "hunyuan_video", "ltxv", "hidream", "cosmos_predict2"
+# Flux 2, Chroma and Chroma Radiance run Flux's token order ([text | image | refs]) and count as Flux; Wan 2.2
+# (TI2V-5B), VACE, i2v and Fun count as Wan; HunyuanVideo 1.5 and HunyuanImage 2.1 (its network) as
+# HunyuanVideo. Wan's S2V, Animate and HuMo add tokens of their own to the video: their calls are unrecognised
+# lengths.
+FAMILY_LIST = (
+    Family(FLUX, ("Flux",), flux_call),
+    Family(SD3, ("SD3", "MMDiT"), sd3_call),
+    Family(WAN, ("WAN21", "WanModel"), wan_call),
+    Family(QWEN_IMAGE, ("QwenImage", "QwenImageTransformer2DModel"), qwen_image_call),
+    Family(LUMINA2, ("Lumina2", "NextDiT"), lumina2_call),
+    Family(HUNYUAN_VIDEO, ("HunyuanVideo",), hunyuan_video_call),
+    Family(LTXV, ("LTXV", "LTXVModel"), ltxv_call, patch=lambda net: net.patchifier.patch_size),
+    Family(HIDREAM, ("HiDream", "HiDreamImageTransformer2DModel"), hidream_call),
+    Family(COSMOS, ("CosmosPredict2", "MiniTrainDIT"), cosmos_call,
+           patch=lambda net: (net.patch_temporal, net.patch_spatial, net.patch_spatial)),
+)
+FAMILY_BY_NAME = {family.name: family for family in FAMILY_LIST}
+FAMILIES = tuple(FAMILY_BY_NAME)
+FAMILY_OF_CLASS = {cls: family.name for family in FAMILY_LIST for cls in family.classes}
+
+
+def dit_family(model) -> str | None:
+    """The DiT family of a ``ModelPatcher`` (one of ``FAMILIES``), from the class of its model or of its
+    diffusion model; ``None`` for anything else (U-Nets, DiTs this adapter does not know)."""
+    for obj in (model.model, model.get_model_object("diffusion_model")):
+        for cls in type(obj).__mro__:
+            if cls.__name__ in FAMILY_OF_CLASS:
+                return FAMILY_OF_CLASS[cls.__name__]
+    return None
+
+
+def dit_spec(model, family: str) -> DiTSpec:
+    """The ``DiTSpec`` of ``model``, read from its diffusion model's attributes."""
+    net = model.get_model_object("diffusion_model")
+    patch = FAMILY_BY_NAME[family].patch(net)
+    patch = tuple(patch) if isinstance(patch, Sequence) else (patch, patch)
+    patch = (1,) * (3 - len(patch)) + patch  # (ph, pw) of an image model: one frame
+    return DiTSpec(family, patch, registers=getattr(net, "register_length", 0) or 0,
+                   pad_multiple=getattr(net, "pad_tokens_multiple", None),
+                   reference_conv=getattr(net, "ref_conv", None) is not None,
+                   byt5=getattr(net, "byt5_in", None) is not None, vision=getattr(net, "vision_in", None) is not None,
+                   vace_main_blocks=len(net.blocks) if getattr(net, "vace_blocks", None) is not None else 0)
