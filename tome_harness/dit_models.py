@@ -142,11 +142,32 @@ DIT_CONFIGS = {
         "llama_layers": [0, 1], "num_attention_heads": 2, "num_routed_experts": 2, "num_activated_experts": 1,
         "num_layers": 1, "num_single_layers": 1, "out_channels": 16, "patch_size": 2, "text_emb_dim": CONTEXT_DIM,
     }),
+    # Wan 2.2 Animate: i2v's channels (latent, mask, concat image), pose latents added to the video's patches,
+    # a face adapter every 5 blocks (none at this depth: the face video is not used in the tests).
+    "wan22_animate": ("WAN22_Animate", {
+        "image_model": "wan2.1", "model_type": "animate", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
+        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
+        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 36, "text_dim": CONTEXT_DIM,
+    }),
+    # Wan 2.2 S2V: reference and motion tokens after the video, audio injected after the blocks.
+    "wan22_s2v": ("WAN22_S2V", {
+        "image_model": "wan2.1", "model_type": "s2v", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
+        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
+        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16, "text_dim": CONTEXT_DIM,
+    }),
+    # HuMo 17B: the reference latent's tokens after the video, an audio cross-attention in every block.
+    "wan21_humo": ("WAN21_HuMo", {
+        "image_model": "wan2.1", "model_type": "humo", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
+        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
+        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 36, "text_dim": CONTEXT_DIM,
+    }),
 }
 FAMILIES = ("flux", "sd3", "wan21", "qwen_image", "lumina2")  # one model of each first-wave family
 # The second wave: video models, Wan's variants and Flux's descendants, HiDream and Cosmos.
 SECOND_WAVE = ("hunyuan_video", "hunyuan_video15", "hunyuan_image21", "ltxv", "wan22_5b", "wan21_i2v", "wan21_vace",
                "cosmos_predict2", "flux2", "chroma", "chroma_radiance", "hidream")
+# The third wave: Wan's variants that add tokens (or a reference frame) of their own to the video.
+THIRD_WAVE = ("wan22_animate", "wan22_s2v", "wan21_humo")
 
 
 @torch.no_grad()

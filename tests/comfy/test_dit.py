@@ -16,14 +16,15 @@ import torch
 from tome_harness import dit_models
 
 COND_TEXT, UNCOND_TEXT = 7, 5
-ALL_FAMILIES = dit_models.FAMILIES + dit_models.SECOND_WAVE
+ALL_FAMILIES = dit_models.FAMILIES + dit_models.SECOND_WAVE + dit_models.THIRD_WAVE
 # The latent: 5x6 patches (30 tokens), 3x3 cells of 2x2: 10x12 under 2x2 patches; the video models have 3
 # frames of them, Qwen-Image one; LTX-Video and Flux 2 patch 1x1, Chroma Radiance 16x16 pixels.
 VIDEO = (1, 16, 3, 10, 12)
 LATENTS = {"wan21": VIDEO, "wan21_fun": VIDEO, "qwen_image": (1, 16, 1, 10, 12), "hunyuan_video": VIDEO,
            "hunyuan_video15": (1, 32, 3, 10, 12), "hunyuan_image21": (1, 64, 5, 6), "ltxv": (1, 128, 3, 5, 6),
            "wan22_5b": (1, 48, 3, 10, 12), "wan21_i2v": VIDEO, "wan21_vace": VIDEO, "cosmos_predict2": VIDEO,
-           "flux2": (1, 128, 5, 6), "chroma_radiance": (1, 3, 80, 96)}
+           "flux2": (1, 128, 5, 6), "chroma_radiance": (1, 3, 80, 96), "wan22_animate": VIDEO, "wan22_s2v": VIDEO,
+           "wan21_humo": VIDEO}
 LATENT = (1, 16, 10, 12)
 GRID = (5, 6)
 BYT5, VISION, LLAMA = 4, 3, 3  # HunyuanVideo 1.5's glyph and vision tokens, HiDream's LLM tokens (used twice)
@@ -47,6 +48,9 @@ IMAGE_STARTS = {
     "chroma": ({COND_TEXT + 30: COND_TEXT, UNCOND_TEXT + 30: UNCOND_TEXT}, 1),
     "chroma_radiance": ({COND_TEXT + 30: COND_TEXT, UNCOND_TEXT + 30: UNCOND_TEXT}, 1),
     "hidream": ({30 + COND_TEXT + 2 * LLAMA: 0, 30 + UNCOND_TEXT + 2 * LLAMA: 0}, 1),  # [image | T5, LLM, LLM]
+    "wan22_animate": ({90: 30}, 2),  # the first latent frame is the reference image, kept whole
+    "wan22_s2v": ({90: 0}, 3),  # without the reference and motion its node adds (see below)
+    "wan21_humo": ({90: 0}, 3),
 }
 
 
@@ -109,10 +113,13 @@ def conditioning(family, references=None):
                    dict(extra, **family_conds(family, text))]] for text in (COND_TEXT, UNCOND_TEXT))
 
 
-def sample(comfy_nodes, model, family, seed=3, steps=2, references=None, latent_shape=None):
-    """A real KSampler run at cfg 2."""
+def sample(comfy_nodes, model, family, seed=3, steps=2, references=None, latent_shape=None, conditioned=None):
+    """A real KSampler run at cfg 2; ``conditioned``: the ``(positive, negative, latent)`` a conditioning node
+    made, in place of the test's own."""
     positive, negative = conditioning(family, references)
     latent = {"samples": torch.zeros(latent_shape or LATENTS.get(family, LATENT))}
+    if conditioned is not None:
+        positive, negative, latent = conditioned
     (out,) = comfy_nodes.KSampler().sample(model, seed, steps, 2.0, "euler", "normal", positive, negative, latent)
     return out["samples"]
 
@@ -164,7 +171,7 @@ def vace_control_marked(model):
             handle.remove()
 
 
-def traced_sample(comfy_nodes, dit, model, family, apply, references=None, latent_shape=None):
+def traced_sample(comfy_nodes, dit, model, family, apply, references=None, latent_shape=None, conditioned=None):
     """Sample ``apply(model)``, recording what the model hands to attention (``outer``, each call marked where
     it comes from a VACE control block) and what reaches it (``inner``), call by call."""
     inner, outer = [], []
@@ -175,7 +182,7 @@ def traced_sample(comfy_nodes, dit, model, family, apply, references=None, laten
         record_outer = recorder(outer, where)
         out = sample(comfy_nodes, with_override(patched, lambda func, *a, **k: record_outer(
             lambda *a2, **k2: ours(func, *a2, **k2), *a, **k)), family, references=references,
-            latent_shape=latent_shape)
+            latent_shape=latent_shape, conditioned=conditioned)
     assert len(inner) == len(outer) > 0
     return out, inner, outer
 
@@ -425,7 +432,8 @@ def test_the_input_model_is_untouched_and_a_second_node_replaces_the_first(comfy
 
 FAMILY_OF_MODEL = {"wan21": "wan", "wan22_5b": "wan", "wan21_i2v": "wan", "wan21_vace": "wan",
                    "hunyuan_video15": "hunyuan_video", "hunyuan_image21": "hunyuan_video", "flux2": "flux",
-                   "chroma": "flux", "chroma_radiance": "flux"}
+                   "chroma": "flux", "chroma_radiance": "flux", "wan22_animate": "wan_animate", "wan22_s2v": "wan_s2v",
+                   "wan21_humo": "wan_humo"}
 
 
 def test_each_family_is_recognised_and_a_u_net_passes_through_with_a_warning(dit, models, sd15, caplog):
@@ -455,3 +463,104 @@ def test_the_nodes_send_a_dit_to_its_adapter_and_name_the_inputs_it_ignores(pack
     assert "max_downsample='4', scope='self- and cross-attention' has no meaning on WAN21 and is ignored" in \
         caplog.text
     assert torch.isfinite(sample(comfy_nodes, tome, "wan21")).all()
+
+
+# Wan's variants with tokens of their own, conditioned by ComfyUI's own nodes (a random Wan 2.1 VAE encoding
+# random 96x80 pictures; 9 frames: 3 latent frames of 10x12, 5x6 patches each, 90 video tokens):
+# - WanAnimateToVideo (reference image, pose video): [reference frame | video], 30 + 90 tokens;
+# - WanSoundImageToVideo (reference image, reference motion): [video | reference | motion], 90 + 30 + 40 tokens
+#   (the motion packed as 5x6 + 2x3 + 4 x 1x1 patches of 1x2x2, 2x4x4 and 4x8x8);
+# - WanHuMoImageToVideo (reference image): [video | reference], 90 + 30 tokens.
+VARIANT_STARTS = {"wan22_animate": ({30 + 90: 30}, 3), "wan22_s2v": ({90 + 30 + 40: 0}, 3),
+                  "wan21_humo": ({90 + 30: 0}, 3)}
+
+
+def variant_conditioning(name):
+    """``(positive, negative, latent)`` of the variant's own conditioning node, on cond and uncond of 7 and 5 text
+    tokens."""
+    from comfy_extras.nodes_wan import WanAnimateToVideo, WanHuMoImageToVideo, WanSoundImageToVideo
+
+    positive, negative = conditioning(name)
+    vae = dit_models.build_wan21_vae()
+    generator = torch.Generator().manual_seed(9)
+    image = torch.rand(1, 80, 96, 3, generator=generator)
+    if name == "wan22_animate":
+        return WanAnimateToVideo.execute(positive, negative, vae, 96, 80, 9, 1, 5, 0, reference_image=image,
+                                         pose_video=torch.rand(9, 80, 96, 3, generator=generator)).result[:3]
+    if name == "wan22_s2v":
+        return WanSoundImageToVideo.execute(positive, negative, vae, 96, 80, 9, 1, ref_image=image,
+                                            ref_motion=torch.rand(5, 80, 96, 3, generator=generator)).result
+    return WanHuMoImageToVideo.execute(positive, negative, vae, 96, 80, 9, 1, ref_image=image).result
+
+
+@pytest.fixture(scope="module")
+def variants(comfy_nodes):
+    return {name: variant_conditioning(name) for name in VARIANT_STARTS}
+
+
+@pytest.fixture(params=list(VARIANT_STARTS))
+def variant(request, models):
+    if isinstance(models[request.param], Exception):
+        pytest.skip(f"{request.param} cannot be built on this host: {models[request.param]}")
+    return request.param
+
+
+def test_a_wan_variant_pools_only_the_video_from_its_own_node_and_knows_every_call(comfy_nodes, dit, models, variants,
+                                                                                 variant, caplog):
+    with caplog.at_level(logging.WARNING):
+        out, inner, outer = traced_sample(comfy_nodes, dit, models[variant], variant,
+                                          lambda m: dit.apply_todo_dit(m, downsample_factor=2),
+                                          conditioned=variants[variant])
+    assert torch.isfinite(out).all()
+    assert "not one this model's token layout knows" not in caplog.text
+    calls = image_calls(variant, inner, outer, VARIANT_STARTS)  # every other call reached attention whole
+    assert len(calls) == 2 * 2 * 2  # 2 blocks, cond and uncond, 2 steps: the override reached every block
+    (length,) = VARIANT_STARTS[variant][0]
+    for start, frames, got, made in calls:
+        torch.testing.assert_close(got[0], made[0], rtol=0, atol=0)  # the queries stay whole
+        for pooled, full in zip(got[1:3], made[1:3], strict=True):
+            assert pooled.shape[1] == length - 90 + 27  # the video's 90 tokens pooled to 27, the rest whole
+            torch.testing.assert_close(pooled[:, :start], full[:, :start], rtol=0, atol=0)
+            torch.testing.assert_close(pooled[:, start:start + 27], nearest_cells(full[:, start:start + 90], frames),
+                                       rtol=0, atol=0)
+            torch.testing.assert_close(pooled[:, start + 27:], full[:, start + 90:], rtol=0, atol=0)
+
+
+def test_a_wan_variant_merges_only_the_video_and_restores_every_query(comfy_nodes, dit, models, variants, variant):
+    _, inner, outer = traced_sample(comfy_nodes, dit, models[variant], variant,
+                                    lambda m: dit.apply_tome_dit(m, ratio=0.5), conditioned=variants[variant])
+    (length,) = VARIANT_STARTS[variant][0]
+    for start, _, got, made in image_calls(variant, inner, outer, VARIANT_STARTS):
+        assert [t.shape[1] for t in got[:3]] == [length - 90 + 45] * 3  # 45 of the 90 video tokens merged
+        torch.testing.assert_close(got[1][:, :start], made[1][:, :start], rtol=0, atol=0)
+        torch.testing.assert_close(got[1][:, start + 45:], made[1][:, start + 90:], rtol=0, atol=0)
+        assert made[3].shape[1] == length  # the model got an output for every query
+
+
+def test_a_wan_variant_at_factor_1_and_ratio_0_is_the_model_bit_for_bit(comfy_nodes, dit, models, variants, variant):
+    model = models[variant]
+    removed = dit.apply_todo_dit(dit.apply_tome_dit(dit.apply_todo_dit(model, downsample_factor=2), ratio=0.0),
+                                 downsample_factor=1)
+    assert "optimized_attention_override" not in removed.model_options["transformer_options"]
+    torch.testing.assert_close(sample(comfy_nodes, removed, variant, conditioned=variants[variant]),
+                               sample(comfy_nodes, model, variant, conditioned=variants[variant]), rtol=0, atol=0)
+
+
+def test_s2v_blocks_get_the_options_and_another_block_replacement_still_runs(comfy_nodes, dit, models, variants):
+    """Wan 2.2 S2V calls its blocks without ``transformer_options``: the layout wrapper hands them over, under a
+    ``dit`` block replacement another node put on a block, which still runs in its place."""
+    if isinstance(models["wan22_s2v"], Exception):
+        pytest.skip(f"wan22_s2v cannot be built on this host: {models['wan22_s2v']}")
+    replaced = []
+
+    def other_nodes_block(args, extra):
+        replaced.append(args["img"].shape[1])
+        return extra["original_block"](args)
+
+    model = models["wan22_s2v"].clone()
+    model.set_model_patch_replace(other_nodes_block, "dit", "double_block", 1)
+    _, inner, outer = traced_sample(comfy_nodes, dit, model, "wan22_s2v",
+                                    lambda m: dit.apply_todo_dit(m, downsample_factor=2),
+                                    conditioned=variants["wan22_s2v"])
+    assert len(image_calls("wan22_s2v", inner, outer, VARIANT_STARTS)) == 8
+    assert replaced == [90 + 30 + 40] * 4  # block 1 of each model call ran through the other node's replacement

@@ -324,3 +324,29 @@ def test_outside_the_window_nothing_is_reduced():
         sdpa.calls.clear()
         override(sdpa, q, k, v, 2, transformer_options=options(layout, sigma))
         assert sdpa.calls[0][1][1] == keys
+
+
+def test_wan_animate_keeps_its_first_latent_frame_the_reference_image_whole():
+    spec = families.DiTSpec(families.WAN_ANIMATE, (1, 2, 2))
+    layout = spec.layout((1, 16, 21, 60, 104), 512, {})
+    assert layout.grid == (20, 30, 52)
+    assert layout.starts == {21 * 30 * 52: 30 * 52}
+
+
+def test_wan_s2v_video_then_reference_then_motion_packed_at_three_scales():
+    # 480x832: 60x104 latent, 30x52 patches; the motion: 30x52 + 15x26 + 4 frames of 7x13.
+    assert families.s2v_motion_tokens((1, 16, 19, 60, 104)) == 30 * 52 + 15 * 26 + 4 * 7 * 13
+    spec = families.DiTSpec(families.WAN_S2V, (1, 2, 2), blocks_without_options=True)
+    conds = {"reference_latent": torch.zeros(1, 16, 1, 60, 104), "reference_motion": torch.zeros(1, 16, 19, 60, 104)}
+    layout = spec.layout((1, 16, 20, 60, 104), 512, conds)
+    assert layout.grid == (20, 30, 52)
+    assert layout.starts == {20 * 30 * 52 + 30 * 52 + families.s2v_motion_tokens((60, 104)): 0}
+
+
+def test_humo_video_then_its_unpadded_reference_and_the_audio_keys_are_no_self_attention():
+    # An odd latent: the video is padded to whole patches, the reference (36 channels: 17B's) is not.
+    layout = families.DiTSpec(families.WAN_HUMO, (1, 2, 2)).layout((1, 16, 3, 11, 13), 7,
+                                                                   {"reference_latent": torch.zeros(1, 36, 1, 11, 13)})
+    assert layout.grid == (3, 6, 7)
+    assert layout.starts == {3 * 6 * 7 + 5 * 6: 0}
+    assert layout.recognises(families.HUMO_AUDIO_TOKENS) and layout.start(families.HUMO_AUDIO_TOKENS) is None

@@ -44,7 +44,7 @@ import functools
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -120,6 +120,9 @@ class LayoutWrapper:
             options[MAIN_BLOCK_KEY] = False
             options["patches_replace"] = with_main_blocks_marked(options.get("patches_replace") or {},
                                                                  self.spec.vace_main_blocks)
+        if self.spec.blocks_without_options:
+            options["patches_replace"] = with_options_handed(options.get("patches_replace") or {},
+                                                             executor.class_obj.diffusion_model.blocks, options)
         on_top = options.get(OVERRIDE_KEY)
         if on_top is None or isinstance(on_top, DiTReduction):
             return executor(x, t, c_concat, c_crossattn, control, options, **conds)
@@ -157,6 +160,38 @@ def with_main_blocks_marked(replaces: Mapping, blocks: int) -> dict:
     dit = dict(replaces.get("dit") or {})
     for i in range(blocks):
         dit[("double_block", i)] = MainBlockMark(dit.get(("double_block", i)))
+    return dict(replaces, dit=dit)
+
+
+@dataclass(frozen=True)
+class OptionsHanded:
+    """A ``dit`` block replacement for block ``("double_block", i)`` of a model that calls its blocks without
+    ``transformer_options`` (Wan 2.2 S2V in ComfyUI 0.3.75), so that no attention override would reach them:
+    runs ``block`` with the model call's ``options``. Made for one model call (it holds that call's options).
+    ``inner``: the replacement another node put on that block, called as before, with an ``original_block``
+    that hands the options over."""
+
+    block: torch.nn.Module
+    options: dict
+    inner: Callable | None = None
+
+    def __call__(self, args, extra):
+        if self.inner is None:
+            return self.original(args)
+        return self.inner(args, dict(extra, original_block=self.original))
+
+    def original(self, args) -> dict:
+        """The block as the model would run it (``WanModel_S2V.forward_orig``'s ``block_wrap``), with the options."""
+        return {"img": self.block(args["img"], context=args["txt"], e=args["vec"], freqs=args["pe"],
+                                  transformer_options=self.options)}
+
+
+def with_options_handed(replaces: Mapping, blocks: Sequence[torch.nn.Module], options: dict) -> dict:
+    """A copy of ``patches_replace`` whose ``dit`` entries run each of ``blocks`` with ``options``, over whatever
+    replacement was there."""
+    dit = dict(replaces.get("dit") or {})
+    for i, block in enumerate(blocks):
+        dit[("double_block", i)] = OptionsHanded(block, options, dit.get(("double_block", i)))
     return dict(replaces, dit=dit)
 
 

@@ -112,12 +112,9 @@ def vace_reference_frames(vace_context: torch.Tensor) -> int:
     video's with a zero reactive half (zeros through the latent format and back: exactly 0) and a zero mask, in
     every context it makes; a VAE-encoded control frame is never exactly zero."""
     reactive = (vace_context.shape[2] - 64) // 2  # where the reactive half starts: the mask follows it
-    frames = 0
-    for frame in range(vace_context.shape[3]):
-        if vace_context[:, :, reactive:, frame].any():
-            break
-        frames += 1
-    return frames
+    # One reduction over every frame, then one read: a read per frame would wait for a GPU's queue each time.
+    control = vace_context[:, :, reactive:].any(dim=(0, 1, 2, 4, 5)).tolist()
+    return next((frame for frame, nonzero in enumerate(control) if nonzero), len(control))
 
 
 def qwen_image_layout(latent_shape, patch: int, text: int, references: Sequence[Sequence[int]] = ()) -> ImageLayout:
@@ -172,13 +169,45 @@ def hidream_layout(latent_shape, patch: int, text: int, edit: Sequence[int] | No
     return image_layout(grid, {math.prod(grid) + text: 0})
 
 
+# Wan 2.2 Animate's reference image is the latent's first frame: WanAnimateToVideo puts its latent ahead of the
+# video's, and AnimateWanModel adds the pose latents from frame 1 on and pads the face motion with one empty frame
+# for it (``comfy/ldm/wan/model_animate.py``).
+ANIMATE_REFERENCE_FRAMES = 1
+# HuMo's audio cross-attention attends each frame's video tokens to that frame's 16 audio tokens
+# (``WanT2VCrossAttentionGather``): a length of no self-attention call.
+HUMO_AUDIO_TOKENS = 16
+
+
+def unpadded_tokens(shape: Sequence[int], patch: Sequence[int]) -> int:
+    """Tokens of a latent ``[B, C, T, H, W]`` patched by an unpadded ``patch`` convolution, as Wan S2V and HuMo
+    patch their reference latent with the video's ``patch_embedding`` (the video is padded first; it is not)."""
+    return (shape[-3] // patch[0]) * (shape[-2] // patch[1]) * (shape[-1] // patch[2])
+
+
+def s2v_motion_tokens(motion_shape: Sequence[int]) -> int:
+    """Wan S2V's motion tokens from its reference motion latent ``[B, 16, T, H, W]``: ``FramePackMotioner`` packs
+    the last 19 latent frames (zero-padded to 19) as 1 frame of 1x2x2 patches, 2 frames of 2x4x4 and 16 frames of
+    4x8x8, each an unpadded convolution of fixed kernel."""
+    h, w = motion_shape[-2], motion_shape[-1]
+    return (h // 2) * (w // 2) + (h // 4) * (w // 4) + 4 * ((h // 8) * (w // 8))
+
+
+def wan_appended_layout(latent_shape, patch: Sequence[int], contexts: Iterable[int] = (),
+                        appended: int = 0) -> ImageLayout:
+    """Wan 2.2 S2V and HuMo: self-attention sees ``[video t*h*w | appended]`` and no text; ``appended``: the
+    tokens the model puts after the video (S2V's reference and motion tokens, HuMo's reference), left whole."""
+    grid = patch_grid(latent_shape, patch)
+    return image_layout(grid, {math.prod(grid) + appended: 0}, contexts)
+
+
 # The model's side: what a layout needs from the diffusion model, read once when a node patches it.
 
 @dataclass(frozen=True)
 class DiTSpec:
     """What a layout needs from the model itself: its family and patch size, SD3's registers, Lumina's token
     padding, whether Wan has Fun's reference convolution, whether HunyuanVideo 1.5 takes ByT5 and CLIP vision
-    tokens, and how many main blocks a Wan VACE model has (0 for every other model)."""
+    tokens, how many main blocks a Wan VACE model has (0 for every other model), and whether the model calls its
+    blocks without ``transformer_options`` (Wan 2.2 S2V), which must then be handed to them."""
 
     family: str
     patch: tuple[int, int, int]
@@ -188,6 +217,7 @@ class DiTSpec:
     byt5: bool = False
     vision: bool = False
     vace_main_blocks: int = 0
+    blocks_without_options: bool = False
 
     def layout(self, latent_shape, text: int, conds: Mapping) -> ImageLayout:
         """The ``ImageLayout`` of one model call with latent ``latent_shape``, ``text`` context tokens and the
@@ -222,16 +252,44 @@ def lumina2_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> Imag
     return lumina2_layout(latent_shape, spec.patch[-1], text, spec.pad_multiple)
 
 
-def wan_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
-    """Wan 2.x: i2v's CLIP image tokens (a second cross-attention), frames appended in time, Fun's reference
-    latent (where the model has its convolution), VACE's reference frames."""
+def wan_contexts(text: int, conds: Mapping) -> list[int]:
+    """The key lengths of Wan's cross-attention: the text, and i2v's CLIP image tokens (a second one)."""
     clip = conds.get("clip_fea")
+    return [text] + ([clip.shape[-2]] if clip is not None else [])
+
+
+def wan_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+    """Wan 2.x: frames appended in time, Fun's reference latent (where the model has its convolution), VACE's
+    reference frames."""
     extra = conds.get("time_dim_concat")
     reference = conds.get("reference_latent") if spec.reference_conv else None
     vace = conds.get("vace_context")
-    return wan_layout(latent_shape, spec.patch, [text] + ([clip.shape[-2]] if clip is not None else []),
-                      0 if extra is None else extra.shape[2], None if reference is None else reference.shape,
+    return wan_layout(latent_shape, spec.patch, wan_contexts(text, conds), 0 if extra is None else extra.shape[2],
+                      None if reference is None else reference.shape,
                       0 if vace is None else vace_reference_frames(vace))
+
+
+def wan_animate_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+    """Wan 2.2 Animate: ``[reference frame | video]``, the reference frame left whole. Its pose latents are
+    added to the video's tokens, its face motion reaches the video through an attention of its own (no
+    ``transformer_options``, so never through the override): neither adds tokens."""
+    return wan_layout(latent_shape, spec.patch, wan_contexts(text, conds), reference_frames=ANIMATE_REFERENCE_FRAMES)
+
+
+def wan_s2v_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+    """Wan 2.2 S2V: ``[video | reference | motion]``. Its control video is added to the video's tokens, its audio
+    is injected after the blocks by an attention of its own (no ``transformer_options``)."""
+    reference, motion = conds.get("reference_latent"), conds.get("reference_motion")
+    appended = (0 if reference is None else unpadded_tokens(reference.shape, spec.patch)) + \
+        (0 if motion is None else s2v_motion_tokens(motion.shape))
+    return wan_appended_layout(latent_shape, spec.patch, [text], appended)
+
+
+def wan_humo_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+    """HuMo: ``[video | reference]``; the audio cross-attention's per-frame keys are a length of their own."""
+    reference = conds.get("reference_latent")
+    return wan_appended_layout(latent_shape, spec.patch, [text, HUMO_AUDIO_TOKENS],
+                               0 if reference is None else unpadded_tokens(reference.shape, spec.patch))
 
 
 def hunyuan_video_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
@@ -273,23 +331,30 @@ def patch_size(net) -> Sequence[int] | int:
 class Family:
     """One DiT family: its name, the class names it is known by (matched anywhere in the class hierarchy of
     ComfyUI's model class or of its diffusion model), its ``layout(spec, latent_shape, text, conds)``, and how
-    its patch size is read from the diffusion model."""
+    its patch size is read from the diffusion model; ``blocks_without_options``: its model calls its blocks without
+    ``transformer_options``, so the attention override reaches them only if the layout wrapper hands them over."""
 
     name: str
     classes: tuple[str, ...]
     layout: Callable[[DiTSpec, Sequence[int], int, Mapping], ImageLayout]
     patch: Callable[[torch.nn.Module], Sequence[int] | int] = patch_size
+    blocks_without_options: bool = False
 
 
 FLUX, SD3, WAN, QWEN_IMAGE, LUMINA2 = "flux", "sd3", "wan", "qwen_image", "lumina2"
 HUNYUAN_VIDEO, LTXV, HIDREAM, COSMOS = "hunyuan_video", "ltxv", "hidream", "cosmos_predict2"
+WAN_ANIMATE, WAN_S2V, WAN_HUMO = "wan_animate", "wan_s2v", "wan_humo"
 # Flux 2, Chroma and Chroma Radiance run Flux's token order ([text | image | refs]) and count as Flux; Wan 2.2
 # (TI2V-5B), VACE, i2v and Fun count as Wan; HunyuanVideo 1.5 and HunyuanImage 2.1 (its network) as
-# HunyuanVideo. Wan's S2V, Animate and HuMo add tokens of their own to the video: their calls are unrecognised
-# lengths.
+# HunyuanVideo. Wan's Animate, S2V and HuMo subclass Wan's classes and add tokens (or a reference frame) of their
+# own: they are families of their own (a class hierarchy is matched from its most derived class up, so their
+# own class names win over Wan's).
 FAMILY_LIST = (
     Family(FLUX, ("Flux",), flux_call),
     Family(SD3, ("SD3", "MMDiT"), sd3_call),
+    Family(WAN_ANIMATE, ("WAN22_Animate", "AnimateWanModel"), wan_animate_call),
+    Family(WAN_S2V, ("WAN22_S2V", "WanModel_S2V"), wan_s2v_call, blocks_without_options=True),
+    Family(WAN_HUMO, ("WAN21_HuMo", "HumoWanModel"), wan_humo_call),
     Family(WAN, ("WAN21", "WanModel"), wan_call),
     Family(QWEN_IMAGE, ("QwenImage", "QwenImageTransformer2DModel"), qwen_image_call),
     Family(LUMINA2, ("Lumina2", "NextDiT"), lumina2_call),
@@ -324,4 +389,5 @@ def dit_spec(model, family: str) -> DiTSpec:
                    pad_multiple=getattr(net, "pad_tokens_multiple", None),
                    reference_conv=getattr(net, "ref_conv", None) is not None,
                    byt5=getattr(net, "byt5_in", None) is not None, vision=getattr(net, "vision_in", None) is not None,
-                   vace_main_blocks=len(net.blocks) if getattr(net, "vace_blocks", None) is not None else 0)
+                   vace_main_blocks=len(net.blocks) if getattr(net, "vace_blocks", None) is not None else 0,
+                   blocks_without_options=FAMILY_BY_NAME[family].blocks_without_options)
