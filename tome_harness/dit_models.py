@@ -161,6 +161,34 @@ DIT_CONFIGS = {
         "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
         "cross_attn_norm": True, "eps": 1e-6, "in_dim": 36, "text_dim": CONTEXT_DIM,
     }),
+    # Mochi: 12-channel latent, joint attention of the video with its T5 text. Its code asserts the video MLP's
+    # width of the real model (hidden_size_x * mlp_ratio_x == 1536 * 8), kept at this width by the ratio.
+    "mochi": ("GenmoMochi", {
+        "image_model": "mochi_preview", "depth": 2, "patch_size": 2, "num_heads": 2, "hidden_size_x": 64,
+        "hidden_size_y": 32, "mlp_ratio_x": 1536 * 8 / 64, "mlp_ratio_y": 4.0, "learn_sigma": False,
+        "in_channels": 12, "qk_norm": True, "qkv_bias": False, "out_bias": True, "attn_drop": 0.0,
+        "patch_embed_bias": True, "posenc_preserve_area": True, "timestep_mlp_bias": True, "attend_to_padding": False,
+        "timestep_scale": 1000.0, "use_t5": True, "t5_feat_dim": CONTEXT_DIM, "t5_token_length": 256,
+        "rope_theta": 10000.0,
+    }),
+    # Cosmos 1.0 (7B's layout): self-attention, cross-attention and MLP blocks over [T, H, W, B, D] tokens.
+    "cosmos1": ("CosmosT2V", {
+        "image_model": "cosmos", "max_img_h": 240, "max_img_w": 240, "max_frames": 128, "in_channels": 16,
+        "out_channels": 16, "patch_spatial": 2, "patch_temporal": 1, "model_channels": 64,
+        "block_config": "FA-CA-MLP", "concat_padding_mask": True, "crossattn_emb_channels": CONTEXT_DIM,
+        "pos_emb_cls": "rope3d", "pos_emb_learnable": False, "pos_emb_interpolation": "crop",
+        "block_x_format": "THWBD", "affline_emb_norm": True, "use_adaln_lora": True, "adaln_lora_dim": 16,
+        "num_blocks": 2, "num_heads": 2, "extra_per_block_abs_pos_emb": True, "rope_h_extrapolation_ratio": 1.0,
+        "rope_w_extrapolation_ratio": 1.0, "rope_t_extrapolation_ratio": 2.0,
+        "extra_per_block_abs_pos_emb_type": "learnable",
+    }),
+    # Wan 2.2 Fun Control A14B: the control video, a mask and the start image as channels after the latent's
+    # (16 + 16 + 4 + 16); Fun's reference image as one frame of tokens ahead of the video (ref_conv).
+    "wan22_fun_control": ("WAN21_T2V", {
+        "image_model": "wan2.1", "model_type": "t2v", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
+        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
+        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 52, "text_dim": CONTEXT_DIM, "in_dim_ref_conv": 16,
+    }),
 }
 FAMILIES = ("flux", "sd3", "wan21", "qwen_image", "lumina2")  # one model of each first-wave family
 # The second wave: video models, Wan's variants and Flux's descendants, HiDream and Cosmos.
@@ -168,6 +196,8 @@ SECOND_WAVE = ("hunyuan_video", "hunyuan_video15", "hunyuan_image21", "ltxv", "w
                "cosmos_predict2", "flux2", "chroma", "chroma_radiance", "hidream")
 # The third wave: Wan's variants that add tokens (or a reference frame) of their own to the video.
 THIRD_WAVE = ("wan22_animate", "wan22_s2v", "wan21_humo")
+# The fourth wave: Mochi, Cosmos 1 and Wan 2.2 Fun Control (a Wan model with Fun's reference convolution).
+FOURTH_WAVE = ("mochi", "cosmos1", "wan22_fun_control")
 
 
 @torch.no_grad()

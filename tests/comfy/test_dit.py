@@ -16,7 +16,7 @@ import torch
 from tome_harness import dit_models
 
 COND_TEXT, UNCOND_TEXT = 7, 5
-ALL_FAMILIES = dit_models.FAMILIES + dit_models.SECOND_WAVE + dit_models.THIRD_WAVE
+ALL_FAMILIES = dit_models.FAMILIES + dit_models.SECOND_WAVE + dit_models.THIRD_WAVE + dit_models.FOURTH_WAVE
 # The latent: 5x6 patches (30 tokens), 3x3 cells of 2x2: 10x12 under 2x2 patches; the video models have 3
 # frames of them, Qwen-Image one; LTX-Video and Flux 2 patch 1x1, Chroma Radiance 16x16 pixels.
 VIDEO = (1, 16, 3, 10, 12)
@@ -24,10 +24,12 @@ LATENTS = {"wan21": VIDEO, "wan21_fun": VIDEO, "qwen_image": (1, 16, 1, 10, 12),
            "hunyuan_video15": (1, 32, 3, 10, 12), "hunyuan_image21": (1, 64, 5, 6), "ltxv": (1, 128, 3, 5, 6),
            "wan22_5b": (1, 48, 3, 10, 12), "wan21_i2v": VIDEO, "wan21_vace": VIDEO, "cosmos_predict2": VIDEO,
            "flux2": (1, 128, 5, 6), "chroma_radiance": (1, 3, 80, 96), "wan22_animate": VIDEO, "wan22_s2v": VIDEO,
-           "wan21_humo": VIDEO}
+           "wan21_humo": VIDEO, "mochi": (1, 12, 3, 10, 12), "cosmos1": VIDEO, "wan22_fun_control": VIDEO}
 LATENT = (1, 16, 10, 12)
 GRID = (5, 6)
 BYT5, VISION, LLAMA = 4, 3, 3  # HunyuanVideo 1.5's glyph and vision tokens, HiDream's LLM tokens (used twice)
+# Mochi's T5 mask: the prompt's own tokens of cond's 7 (padding after them) and uncond's 5; its blocks join only these.
+MOCHI_PROMPT = {COND_TEXT: 4, UNCOND_TEXT: UNCOND_TEXT}
 # Per family, written out by hand from ComfyUI's model code: for each self-attention length that holds the image,
 # where the image starts (cond and uncond), and the frames of 5x6 patches.
 IMAGE_STARTS = {
@@ -51,6 +53,9 @@ IMAGE_STARTS = {
     "wan22_animate": ({90: 30}, 2),  # the first latent frame is the reference image, kept whole
     "wan22_s2v": ({90: 0}, 3),  # without the reference and motion its node adds (see below)
     "wan21_humo": ({90: 0}, 3),
+    "mochi": ({90 + MOCHI_PROMPT[COND_TEXT]: 0, 90 + MOCHI_PROMPT[UNCOND_TEXT]: 0}, 3),  # [video | unpadded text]
+    "cosmos1": ({90: 0}, 3),  # video only; cross-attention to the text
+    "wan22_fun_control": ({90: 0}, 3),  # without the reference its node adds (see below)
 }
 
 
@@ -101,6 +106,10 @@ def family_conds(family, text):
             penultimate_hidden_states=torch.randn(1, 4, 1280, generator=generator))}
     if family == "hidream":  # [B, LLM layers, tokens, width]
         return {"conditioning_llama3": torch.randn(1, 2, LLAMA, dit_models.CONTEXT_DIM, generator=generator)}
+    if family == "mochi":  # its T5 encoder hands over the mask, ones over the prompt, zeros over the padding
+        mask = torch.zeros(1, text, dtype=torch.long)
+        mask[:, :MOCHI_PROMPT[text]] = 1
+        return {"attention_mask": mask}
     return {}
 
 
@@ -143,7 +152,8 @@ def recorder(calls, where=None):
         calls.append(Call(token_major(t, kwargs).detach().clone() for t in args[:3]))
         calls[-1].control = bool(where and where["control"])
         out = func(*args, **kwargs)
-        calls[-1].append(out.detach().clone())  # [B, L, H*D] in every family here (no skip_output_reshape)
+        heads_major = kwargs.get("skip_reshape") and kwargs.get("skip_output_reshape")  # Cosmos 1: [B, H, L, D]
+        calls[-1].append((out.transpose(1, 2) if heads_major else out).flatten(2).detach().clone())  # [B, L, H*D]
         return out
 
     return record
@@ -433,7 +443,7 @@ def test_the_input_model_is_untouched_and_a_second_node_replaces_the_first(comfy
 FAMILY_OF_MODEL = {"wan21": "wan", "wan22_5b": "wan", "wan21_i2v": "wan", "wan21_vace": "wan",
                    "hunyuan_video15": "hunyuan_video", "hunyuan_image21": "hunyuan_video", "flux2": "flux",
                    "chroma": "flux", "chroma_radiance": "flux", "wan22_animate": "wan_animate", "wan22_s2v": "wan_s2v",
-                   "wan21_humo": "wan_humo"}
+                   "wan21_humo": "wan_humo", "wan22_fun_control": "wan"}
 
 
 def test_each_family_is_recognised_and_a_u_net_passes_through_with_a_warning(dit, models, sd15, caplog):
@@ -470,15 +480,21 @@ def test_the_nodes_send_a_dit_to_its_adapter_and_name_the_inputs_it_ignores(pack
 # - WanAnimateToVideo (reference image, pose video): [reference frame | video], 30 + 90 tokens;
 # - WanSoundImageToVideo (reference image, reference motion): [video | reference | motion], 90 + 30 + 40 tokens
 #   (the motion packed as 5x6 + 2x3 + 4 x 1x1 patches of 1x2x2, 2x4x4 and 4x8x8);
-# - WanHuMoImageToVideo (reference image): [video | reference], 90 + 30 tokens.
+# - WanHuMoImageToVideo (reference image): [video | reference], 90 + 30 tokens;
+# - Wan22FunControlToVideo (reference image, control video as channels): [reference frame | video], 30 + 90 tokens.
 VARIANT_STARTS = {"wan22_animate": ({30 + 90: 30}, 3), "wan22_s2v": ({90 + 30 + 40: 0}, 3),
-                  "wan21_humo": ({90 + 30: 0}, 3)}
+                  "wan21_humo": ({90 + 30: 0}, 3), "wan22_fun_control": ({30 + 90: 30}, 3)}
 
 
 def variant_conditioning(name):
     """``(positive, negative, latent)`` of the variant's own conditioning node, on cond and uncond of 7 and 5 text
     tokens."""
-    from comfy_extras.nodes_wan import WanAnimateToVideo, WanHuMoImageToVideo, WanSoundImageToVideo
+    from comfy_extras.nodes_wan import (
+        Wan22FunControlToVideo,
+        WanAnimateToVideo,
+        WanHuMoImageToVideo,
+        WanSoundImageToVideo,
+    )
 
     positive, negative = conditioning(name)
     vae = dit_models.build_wan21_vae()
@@ -490,6 +506,9 @@ def variant_conditioning(name):
     if name == "wan22_s2v":
         return WanSoundImageToVideo.execute(positive, negative, vae, 96, 80, 9, 1, ref_image=image,
                                             ref_motion=torch.rand(5, 80, 96, 3, generator=generator)).result
+    if name == "wan22_fun_control":
+        return Wan22FunControlToVideo.execute(positive, negative, vae, 96, 80, 9, 1, ref_image=image,
+                                              control_video=torch.rand(9, 80, 96, 3, generator=generator)).result
     return WanHuMoImageToVideo.execute(positive, negative, vae, 96, 80, 9, 1, ref_image=image).result
 
 

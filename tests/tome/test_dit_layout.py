@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from tome.downsample import AVERAGE, MAX, METHODS, NEAREST, downsample_tokens
 from tome.hosts import comfyui_dit as dit
 from tome.hosts import dit_families as families
-from tome.hosts.comfyui import Reach
+from tome.hosts.comfyui import RUN_KEY, Reach, SamplingRun
 from tome.hosts.comfyui_unet import MERGE_KV, MERGE_Q, MERGE_QKV
 
 
@@ -280,10 +280,10 @@ def test_an_unknown_self_attention_length_is_left_whole_and_warned_about_once_pe
     override = dit.DiTReduction(todo=dit.DiTToDo(2, 1, NEAREST, EVERYWHERE))
     q, k, v = qkv(1, 2, 22, 4, False)
     with caplog.at_level(logging.WARNING):
-        for run in (dit.RunWarnings(), dit.RunWarnings()):
+        for run in (SamplingRun(), SamplingRun()):
             for _ in range(3):
                 sdpa.calls.clear()
-                override(sdpa, q, k, v, 2, transformer_options=dict(options(layout), **{dit.RUN_KEY: run}))
+                override(sdpa, q, k, v, 2, transformer_options=dict(options(layout), **{RUN_KEY: run}))
                 assert sdpa.calls == [(q.shape, k.shape, v.shape)]
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2
@@ -297,7 +297,7 @@ def test_the_layouts_own_image_free_lengths_and_cross_attention_raise_no_warning
         for q_len, k_len in [(8, 8), (16, 8)]:
             q, _, _ = qkv(1, 2, q_len, 4, False)
             _, k, v = qkv(1, 2, k_len, 4, False)
-            override(sdpa, q, k, v, 2, transformer_options=dict(options(layout), **{dit.RUN_KEY: dit.RunWarnings()}))
+            override(sdpa, q, k, v, 2, transformer_options=dict(options(layout), **{RUN_KEY: SamplingRun()}))
     assert not caplog.records
 
 
@@ -350,3 +350,18 @@ def test_humo_video_then_its_unpadded_reference_and_the_audio_keys_are_no_self_a
     assert layout.grid == (3, 6, 7)
     assert layout.starts == {3 * 6 * 7 + 5 * 6: 0}
     assert layout.recognises(families.HUMO_AUDIO_TOKENS) and layout.start(families.HUMO_AUDIO_TOKENS) is None
+
+
+def test_mochi_joins_the_video_to_the_text_its_t5_mask_leaves_and_to_256_tokens_without_one():
+    # 848x480, 31 frames: a 12-channel 6x60x106 latent, 30x53 patches; the prompt padded to 256 T5 tokens.
+    spec = families.DiTSpec(families.MOCHI, (1, 2, 2))
+    assert spec.layout((1, 12, 6, 60, 106), 256, {"num_tokens": 12}).starts == {6 * 30 * 53 + 12: 0}
+    assert spec.layout((1, 12, 6, 60, 106), 300, {}).starts == {6 * 30 * 53 + families.MOCHI_TEXT_TOKENS: 0}
+
+
+def test_cosmos1_self_attention_is_the_video_alone_and_its_text_keys_no_self_attention():
+    # 1280x704, 121 frames: a 16x88x160 latent (8x8x8 compression), 1x2x2 patches.
+    layout = families.DiTSpec(families.COSMOS1, (1, 2, 2)).layout((1, 16, 16, 88, 160), 512, {})
+    assert layout.grid == (16, 44, 80)
+    assert layout.starts == {16 * 44 * 80: 0}
+    assert layout.recognises(512) and layout.start(512) is None

@@ -169,6 +169,13 @@ def hidream_layout(latent_shape, patch: int, text: int, edit: Sequence[int] | No
     return image_layout(grid, {math.prod(grid) + text: 0})
 
 
+def mochi_layout(latent_shape, patch: Sequence[int], text: int) -> ImageLayout:
+    """Mochi: ``[video | text]`` in every block's joint attention (``AsymmetricAttention`` joins the video's
+    queries, keys and values to the text's, the text cut to ``text`` tokens)."""
+    grid = patch_grid(latent_shape, patch)
+    return image_layout(grid, {math.prod(grid) + text: 0})
+
+
 # Wan 2.2 Animate's reference image is the latent's first frame: WanAnimateToVideo puts its latent ahead of the
 # video's, and AnimateWanModel adds the pose latents from frame 1 on and pads the face motion with one empty frame
 # for it (``comfy/ldm/wan/model_animate.py``).
@@ -316,8 +323,19 @@ def hidream_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> Imag
 
 
 def cosmos_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
-    """Cosmos Predict2: the video alone, as Wan's."""
+    """Cosmos Predict2 and Cosmos 1: self-attention sees the video alone, as Wan's (Cosmos 1's image to video
+    enters as channels, a mask and the image's latent); cross-attention has the text's keys."""
     return wan_layout(latent_shape, spec.patch, [text])
+
+
+# Mochi's text in joint attention: AsymmDiTJoint.forward crops it to ``num_tokens``, which GenmoMochi.extra_conds
+# counts from the T5 mask (the prompt without its padding to 256 tokens); without a mask, the default of 256.
+MOCHI_TEXT_TOKENS = 256
+
+
+def mochi_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+    """Mochi: the text as the blocks crop it, to ``num_tokens`` of its ``text`` tokens."""
+    return mochi_layout(latent_shape, spec.patch, min(text, conds.get("num_tokens", MOCHI_TEXT_TOKENS)))
 
 
 # The families.
@@ -325,6 +343,11 @@ def cosmos_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> Image
 def patch_size(net) -> Sequence[int] | int:
     """The patch size most diffusion models keep as ``patch_size``."""
     return net.patch_size
+
+
+def cosmos_patch(net) -> Sequence[int]:
+    """Cosmos (1 and Predict2) keeps its temporal and spatial patch sizes apart."""
+    return net.patch_temporal, net.patch_spatial, net.patch_spatial
 
 
 @dataclass(frozen=True)
@@ -343,6 +366,7 @@ class Family:
 
 FLUX, SD3, WAN, QWEN_IMAGE, LUMINA2 = "flux", "sd3", "wan", "qwen_image", "lumina2"
 HUNYUAN_VIDEO, LTXV, HIDREAM, COSMOS = "hunyuan_video", "ltxv", "hidream", "cosmos_predict2"
+MOCHI, COSMOS1 = "mochi", "cosmos1"
 WAN_ANIMATE, WAN_S2V, WAN_HUMO = "wan_animate", "wan_s2v", "wan_humo"
 # Flux 2, Chroma and Chroma Radiance run Flux's token order ([text | image | refs]) and count as Flux; Wan 2.2
 # (TI2V-5B), VACE, i2v and Fun count as Wan; HunyuanVideo 1.5 and HunyuanImage 2.1 (its network) as
@@ -361,8 +385,9 @@ FAMILY_LIST = (
     Family(HUNYUAN_VIDEO, ("HunyuanVideo",), hunyuan_video_call),
     Family(LTXV, ("LTXV", "LTXVModel"), ltxv_call, patch=lambda net: net.patchifier.patch_size),
     Family(HIDREAM, ("HiDream", "HiDreamImageTransformer2DModel"), hidream_call),
-    Family(COSMOS, ("CosmosPredict2", "MiniTrainDIT"), cosmos_call,
-           patch=lambda net: (net.patch_temporal, net.patch_spatial, net.patch_spatial)),
+    Family(COSMOS, ("CosmosPredict2", "MiniTrainDIT"), cosmos_call, patch=cosmos_patch),
+    Family(COSMOS1, ("CosmosVideo", "GeneralDIT"), cosmos_call, patch=cosmos_patch),
+    Family(MOCHI, ("GenmoMochi", "AsymmDiTJoint"), mochi_call),
 )
 FAMILY_BY_NAME = {family.name: family for family in FAMILY_LIST}
 FAMILIES = tuple(FAMILY_BY_NAME)
