@@ -2,7 +2,7 @@
 
 What the nodes do lives in ``tome/hosts/``: ``comfyui_models`` sends each model to its
 adapter, ``comfyui_unet`` (SD1.x, SD2.x, SDXL) or ``comfyui_dit`` (SD3.5, Flux / Flux 2 /
-Chroma, Wan, Qwen-Image, Lumina 2, HunyuanVideo, LTX-Video, HiDream, Cosmos Predict2). Node
+Chroma, Wan, Qwen-Image, Lumina 2, HunyuanVideo, LTX-Video, HiDream, Cosmos 1 and Predict2, Mochi). Node
 ids, input names, types, defaults and ranges are those of the V1 nodes that came before, so
 saved workflows keep loading; inputs added later are optional.
 """
@@ -43,7 +43,7 @@ def max_downsample_input(effect: str) -> io.Combo.Input:
         tooltip="Patch the transformer blocks at this downsample factor or finer. auto: the model's "
                 "highest-resolution level with transformer blocks (1 on SD1.x/SD2.x, 2 on SDXL). " + effect +
                 " No meaning on a DiT (SD3.5, Flux, Wan, Qwen-Image, Lumina 2, HunyuanVideo, LTX-Video, HiDream, "
-                "Cosmos), whose blocks all work at one "
+                "Cosmos, Mochi), whose blocks all work at one "
                 "resolution: ignored there.")
 
 
@@ -78,8 +78,8 @@ def tome_inputs() -> list[io.Input]:
 TOME_DESCRIPTION = ("Token Merging for Stable Diffusion (Bolya & Hoffman 2023): merges similar tokens before "
                     "self-attention and unmerges after, so attention runs on fewer queries, keys and values. "
                     "Works on SD1.x, SD2.x and SDXL, and inside the attention of the DiTs SD3.5, Flux / Flux 2 / "
-                    "Chroma, Wan 2.x, Qwen-Image, Lumina 2 / Z-Image, HunyuanVideo, LTX-Video, HiDream and Cosmos "
-                    "Predict2 (image tokens only, matched on the keys); reproducible for "
+                    "Chroma, Wan 2.x, Qwen-Image, Lumina 2 / Z-Image, HunyuanVideo, LTX-Video, HiDream, Cosmos "
+                    "(1 and Predict2) and Mochi (image tokens only, matched on the keys); reproducible for "
                     "a fixed seed.")
 
 
@@ -150,8 +150,8 @@ class ApplyToDo(io.ComfyNode):
                          "attends to keys and values pooled over factor x factor cells of the token grid. No "
                          "similarity search and nothing to unmerge, so its overhead is close to nothing. SD1.x, "
                          "SD2.x and SDXL, and the image self-attention of the DiTs SD3.5, Flux / Flux 2 / Chroma, "
-                         "Wan 2.x, Qwen-Image, Lumina 2 / Z-Image, HunyuanVideo, LTX-Video, HiDream and Cosmos "
-                         "Predict2 (text and reference tokens stay whole)."),
+                         "Wan 2.x, Qwen-Image, Lumina 2 / Z-Image, HunyuanVideo, LTX-Video, HiDream, Cosmos "
+                         "(1 and Predict2) and Mochi (text and reference tokens stay whole)."),
             inputs=[
                 model_input(),
                 io.Int.Input("downsample_factor", default=2, min=1, max=8,
@@ -165,9 +165,9 @@ class ApplyToDo(io.ComfyNode):
                                        "channel."),
                 *window_inputs("downsampling"),
                 io.Int.Input("time_factor", default=1, min=1, max=8, optional=True,
-                             tooltip="Video DiTs (Wan, HunyuanVideo, LTX-Video, Cosmos): also pool keys and values "
-                                     "over this many frames. 1: frames stay separate. No meaning on images and "
-                                     "U-Nets: ignored there."),
+                             tooltip="Video DiTs (Wan, HunyuanVideo, LTX-Video, Cosmos, Mochi): also pool keys and "
+                                     "values over this many frames. 1: frames stay separate. No meaning on images "
+                                     "and U-Nets: ignored there."),
             ],
             outputs=[io.Model.Output()])
 
