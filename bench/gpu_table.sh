@@ -5,6 +5,8 @@
 # self+cross at max_downsample 2, SDXL scope all at max_downsample 4). Writes bench/results/gpu_table/:
 # gpu_table.md (both tables under the machine and the commands), and unet_bench.py's JSON, Markdown and plot
 # for each family. Memory is measured in-process (CUDA's allocator peak; on the CPU, see unet_bench.py).
+# Then issue 27's counts (bench/host_reads_bench.py): the host reads, blocking copies and operators each node adds
+# to a model call of SD1.5, SDXL, Flux and Wan; they do not depend on the device and are counted on the CPU.
 #
 #   bash bench/gpu_table.sh            # on a CUDA machine (meant for one H200: a few minutes)
 #   bash bench/gpu_table.sh --smoke    # the same run on a narrow model at tiny sizes; runs on the CPU (CI)
@@ -27,9 +29,9 @@ while [ $# -gt 0 ]; do
 done
 
 if [ "$smoke" = 1 ]; then  # the layouts kept, 32 channels wide; sizes where a CPU takes seconds
-    sd15_px=(64); sdxl_px=(64); narrow=(--channels 32 --context-dim 32)
+    sd15_px=(64); sdxl_px=(64); narrow=(--channels 32 --context-dim 32); count_models=(SD1.5 Flux)
 else
-    sd15_px=(512 1024 2048); sdxl_px=(1024 2048); narrow=()
+    sd15_px=(512 1024 2048); sdxl_px=(1024 2048); narrow=(); count_models=(SD1.5 SDXL Flux "Wan 2.1")
 fi
 common=(--dtype fp16 --attention sdpa --variants core ours-qkv fast --todo 2 --memory in-process
         --repeats "$repeats" --out "$out" "${narrow[@]}")
@@ -43,6 +45,10 @@ for family in sd15 sdxl; do
     "${command[@]}"
     commands+=("${command[*]}")
 done
+
+counts=("$PYTHON" bench/host_reads_bench.py --models "${count_models[@]}" --out "$out")
+echo "+ ${counts[*]}" >&2
+"${counts[@]}" > /dev/null
 
 machine=$("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available()
     else "CPU (no CUDA)", "| torch", torch.__version__)')
@@ -58,5 +64,11 @@ machine=$("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name() if torc
         echo
         cat "$out/unet_${family}_fp16_sdpa.md"
     done
+    echo
+    echo "## What each node adds to a model call (counted on the CPU)"
+    echo
+    echo "    ${counts[*]}"
+    echo
+    cat "$out/host_reads.md"
 } > "$out/gpu_table.md"
 cat "$out/gpu_table.md"

@@ -30,8 +30,11 @@ def draw_destinations(w: int, h: int, sx: int, sy: int, device: torch.device,
         raise ValueError("generator is required unless no_rand=True: "
                          "ToMe never draws from the global random generator")
     # Drawn on the generator's device, as tomesd does, so a CPU generator gives
-    # the same partition whatever device the model runs on.
-    return torch.randint(sy * sx, size=cells, device=generator.device, generator=generator).to(device)
+    # the same partition whatever device the model runs on. The copy to the
+    # model's device does not block: a blocking one from the host waits until
+    # the device has run everything queued before it, once per plan.
+    draw = torch.randint(sy * sx, size=cells, device=generator.device, generator=generator)
+    return draw.to(device, non_blocking=True)
 
 
 def partition_from_destinations(choice: torch.Tensor, w: int, h: int, sx: int, sy: int) -> Partition:

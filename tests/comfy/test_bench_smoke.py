@@ -179,6 +179,7 @@ def test_gpu_table_smoke_runs_on_the_cpu(tmp_path):
     for family in ("sd15", "sdxl"):
         rows = [line for line in table.splitlines() if line.startswith(f"| {family} fp16 |")]
         assert [line.split("|")[5].strip() for line in rows] == ["none", "core", "ours-qkv", "fast", "todo-2"]
+    assert "| SD1.5 | Apply ToMe | 1.00 | 0.00 |" in table  # the counts: one host read per model call
 
 
 def test_sampler_bench_hires_times_the_second_pass(comfy_nodes):

@@ -140,7 +140,7 @@ def test_step_caches_with_each_node_on_sd15(comfy_nodes, pack, sd15, node, cache
 
 
 # reuse_steps across skipped steps: a plan made at step s serves steps s, s+1, s+2 of the schedule, counted by
-# the step's place in the schedule (PlanCache.step), not by how many steps ran since.
+# the step's place in the schedule (SamplingRun.step), not by how many steps ran since.
 
 def plan_groups(steps: list[int], reuse: int, by_schedule: bool) -> list[bool]:
     """For each step that ran (in order), whether it gets a fresh plan: by the schedule's step index, or

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tome.grid import block_grid
-from tome.hosts.comfyui import RUN_KEY, PlanCache, Reach
+from tome.hosts.comfyui import RUN_KEY, Reach, SamplingRun
 from tome.hosts.comfyui_unet import IDENTITY, ToMeAttn1Patch, ToMeSettings
 
 SCHEDULE = torch.tensor([10.0, 8.0, 6.0, 4.0, 2.0, 0.0])
@@ -32,27 +32,27 @@ def plans(patch, sigmas, cache, **call):
 
 def test_a_plan_serves_reuse_steps_steps_then_a_fresh_one_is_made():
     # Steps 0 (cond and uncond as separate calls of the same batch), 1, 2, 3, 4: fresh plans at steps 0, 2, 4.
-    p = plans(make_patch(2), [10.0, 10.0, 8.0, 6.0, 4.0, 2.0], PlanCache())
+    p = plans(make_patch(2), [10.0, 10.0, 8.0, 6.0, 4.0, 2.0], SamplingRun())
     assert p[0] is p[1] is p[2]
     assert p[3] is p[4] and p[3] is not p[0]
     assert p[5] is not p[3]
-    assert len({id(plan) for plan in plans(make_patch(1), [10.0, 10.0, 8.0], PlanCache())}) == 3
+    assert len({id(plan) for plan in plans(make_patch(1), [10.0, 10.0, 8.0], SamplingRun())}) == 3
 
 
 def test_steps_are_positions_in_the_schedule_not_counted_calls():
     """A sampler that evaluates between schedule sigmas (heun, dpmpp_sde) does not shorten the reuse."""
-    p = plans(make_patch(2), [10.0, 9.0, 8.0, 7.0], PlanCache())
+    p = plans(make_patch(2), [10.0, 9.0, 8.0, 7.0], SamplingRun())
     assert p[0] is p[1]  # 9.0 has one schedule sigma above it: step 1, as 8.0 is
     assert p[2] is p[0] and p[3] is not p[0]
 
 
 def test_each_batch_block_and_run_has_its_own_plans():
-    patch, cache = make_patch(5), PlanCache()
+    patch, cache = make_patch(5), SamplingRun()
     cond = plans(patch, [10.0, 8.0], cache)
     assert cond[0] is cond[1]
     assert plans(patch, [8.0], cache, uuids=("uncond",))[0] is not cond[0]
     assert plans(patch, [8.0], cache, block=("output", 9))[0] is not cond[0]
-    assert plans(patch, [8.0], PlanCache())[0] is not cond[0]  # another sampling run
+    assert plans(patch, [8.0], SamplingRun())[0] is not cond[0]  # another sampling run
 
 
 def test_without_a_sampling_run_every_call_makes_a_fresh_plan():
@@ -61,24 +61,24 @@ def test_without_a_sampling_run_every_call_makes_a_fresh_plan():
 
 
 def test_a_reused_plan_still_stops_at_the_window():
-    p = plans(make_patch(10, sigma_end=7.0), [10.0, 8.0, 6.0], PlanCache())
+    p = plans(make_patch(10, sigma_end=7.0), [10.0, 8.0, 6.0], SamplingRun())
     assert p[0] is p[1] and p[2] is IDENTITY
 
 
 def test_the_patch_object_holds_nothing_but_its_settings():
     """Shared by every clone and thread (ComfyUI no longer deep-copies patches): no state to corrupt."""
     patch = make_patch(3)
-    plans(patch, [10.0, 8.0], PlanCache())
+    plans(patch, [10.0, 8.0], SamplingRun())
     assert vars(patch) == {"settings": patch.settings}
 
 
 def test_threads_sharing_a_run_cache_get_the_plans_of_their_own_batch():
-    patch, cache = make_patch(3), PlanCache()
+    patch, cache = make_patch(3), SamplingRun()
     n = {"cond": torch.randn(1, 256, 8, generator=torch.Generator().manual_seed(1)),
          "uncond": torch.randn(1, 256, 8, generator=torch.Generator().manual_seed(2))}
     alone = {}
     for name, x in n.items():
-        own = PlanCache()
+        own = SamplingRun()
         alone[name] = [patch.plan(x, block_call(s, own, uuids=(name,))).dst_of_src for s in (10.0, 8.0)]
     seen = {}
     barrier = threading.Barrier(2)
@@ -111,7 +111,7 @@ class CountingSigmas(torch.Tensor):
 def test_a_block_call_reads_the_sigma_once(reuse_steps):
     """The window, the step and the seed all need the sigma; the tensor is read once per call."""
     CountingSigmas.reads = 0
-    options = block_call(5.0, PlanCache())
+    options = block_call(5.0, SamplingRun())
     options["sigmas"] = torch.tensor([5.0]).as_subclass(CountingSigmas)
     n = torch.randn(1, 256, 8)
     merged, _, _ = make_patch(reuse_steps)(n, n, n, options)

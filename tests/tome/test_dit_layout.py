@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from tome.downsample import AVERAGE, MAX, METHODS, NEAREST, downsample_tokens
 from tome.hosts import comfyui_dit as dit
 from tome.hosts import dit_families as families
-from tome.hosts.comfyui import Reach
+from tome.hosts.comfyui import RUN_KEY, Reach, SamplingRun
 from tome.hosts.comfyui_unet import MERGE_KV, MERGE_Q, MERGE_QKV
 
 
@@ -280,10 +280,10 @@ def test_an_unknown_self_attention_length_is_left_whole_and_warned_about_once_pe
     override = dit.DiTReduction(todo=dit.DiTToDo(2, 1, NEAREST, EVERYWHERE))
     q, k, v = qkv(1, 2, 22, 4, False)
     with caplog.at_level(logging.WARNING):
-        for run in (dit.RunWarnings(), dit.RunWarnings()):
+        for run in (SamplingRun(), SamplingRun()):
             for _ in range(3):
                 sdpa.calls.clear()
-                override(sdpa, q, k, v, 2, transformer_options=dict(options(layout), **{dit.RUN_KEY: run}))
+                override(sdpa, q, k, v, 2, transformer_options=dict(options(layout), **{RUN_KEY: run}))
                 assert sdpa.calls == [(q.shape, k.shape, v.shape)]
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2
@@ -297,7 +297,7 @@ def test_the_layouts_own_image_free_lengths_and_cross_attention_raise_no_warning
         for q_len, k_len in [(8, 8), (16, 8)]:
             q, _, _ = qkv(1, 2, q_len, 4, False)
             _, k, v = qkv(1, 2, k_len, 4, False)
-            override(sdpa, q, k, v, 2, transformer_options=dict(options(layout), **{dit.RUN_KEY: dit.RunWarnings()}))
+            override(sdpa, q, k, v, 2, transformer_options=dict(options(layout), **{RUN_KEY: SamplingRun()}))
     assert not caplog.records
 
 

@@ -9,12 +9,17 @@ Patch objects are shared. Since February 2026 ``ModelPatcher.clone()`` copies
 the dicts and lists of ``model_options`` but not the objects in them, so a
 model, its clones and the MultiGPU copies made from them all call the same
 patch objects, cond and uncond possibly at the same time from worker threads.
-The pack's patch objects therefore hold only their frozen settings. What one
-sampling run needs to remember (``reuse_steps``'s plans) lives in that run's
-own ``transformer_options``: a ``PlanCache`` put there by a keyed
-``OUTER_SAMPLE`` wrapper, which ComfyUI calls once per run on a copy of the
-model options made for that run. It ends with the run, on every host, so no
-``cleanup()`` has anything to clear, and no other clone or thread can see it.
+The pack's patch objects therefore hold only their frozen settings. The state
+of a call lives in that call's own ``transformer_options``, at two scopes. A
+sampling run's (``reuse_steps``'s plans, the warnings given once per run) is a
+``SamplingRun`` put there by a keyed ``OUTER_SAMPLE`` wrapper, which ComfyUI
+calls once per run on a copy of the model options made for that run. A model
+call's (its sigma, read from the device once; the DiT's count of attention
+calls) is a ``ModelCall`` put into a copy of the call's options by a keyed
+``APPLY_MODEL`` wrapper; ComfyUI hands every block of the call those options
+(a U-Net block copies them into its ``extra_options``), so all of them share
+it. Both end with their run or call, on every host, so no ``cleanup()`` has
+anything to clear, and no other clone or thread can see them.
 
 Patches run outside compiled graphs (``eager``). ComfyUI's ``TorchCompileModel``
 compiles the diffusion model, and the ComfyUI of late 2026 drops every dynamo
@@ -41,9 +46,10 @@ log = logging.getLogger(__name__)
 
 PATCH_LISTS = ("attn1_patch", "attn1_output_patch", "attn2_patch", "attn2_output_patch")
 OUTER_SAMPLE = "outer_sample"  # comfy.patcher_extension.WrappersMP.OUTER_SAMPLE
+APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
 WRAPPER_KEY = "tome"  # our key for wrappers, so a second node replaces the first instead of stacking
-RUN_KEY = "tome_run"  # in a sampling run's transformer_options: that run's PlanCache
-SIGMA_KEY = "tome_sigma"  # in a block call's extra_options: its sigma as a float
+RUN_KEY = "tome_run"  # in a sampling run's transformer_options: that run's SamplingRun
+CALL_KEY = "tome_call"  # in a model call's transformer_options (and its blocks' extra_options): its ModelCall
 
 
 def eager(func: Callable) -> Callable:
@@ -53,13 +59,46 @@ def eager(func: Callable) -> Callable:
     return torch.compiler.disable(func, recursive=True)
 
 
-def current_sigma(extra_options) -> float | None:
-    """The sampler's sigma for this call, read from the tensor once per call and kept in ``extra_options``:
-    on a GPU each read waits for the queued work, and the window, the step and the seed all need it."""
-    if SIGMA_KEY not in extra_options:
-        sigmas = extra_options.get("sigmas")
-        extra_options[SIGMA_KEY] = None if sigmas is None else float(sigmas.flatten()[0])
-    return extra_options[SIGMA_KEY]
+class ModelCall:
+    """What one model call decides once for all its blocks and attention calls.
+
+    ``sigma()``: the sampler's sigma, read from the ``sigmas`` tensor by the
+    first block that needs it and kept: on a GPU a read waits until all queued
+    work has run, so a read per block (16 in an SD1.5 call) would stall the
+    queue 16 times. ``next_attention()``: the index of the call's next image
+    attention call (the DiT's seeds). A model call runs in one thread (cond and
+    uncond in two threads are two calls), so nothing here needs a lock.
+    """
+
+    def __init__(self, sigmas: torch.Tensor | None):
+        self._sigmas = sigmas
+        self._sigma: float | None = None
+        self._attention_calls = 0
+
+    def sigma(self) -> float | None:
+        if self._sigma is None and self._sigmas is not None:
+            self._sigma = float(self._sigmas.flatten()[0])
+        return self._sigma
+
+    def next_attention(self) -> int:
+        index = self._attention_calls
+        self._attention_calls += 1
+        return index
+
+
+def model_call(options) -> ModelCall:
+    """The ``ModelCall`` in ``options`` (a model call's ``transformer_options`` or a block's ``extra_options``):
+    the one ``start_model_call`` made for the whole model call, or, for a call that did not pass through it
+    (a patch called on its own), one for these options alone."""
+    call = options.get(CALL_KEY)
+    if call is None:
+        call = options[CALL_KEY] = ModelCall(options.get("sigmas"))
+    return call
+
+
+def current_sigma(options) -> float | None:
+    """The sampler's sigma for this call (``None`` outside a sampler), read at most once per model call."""
+    return model_call(options).sigma()
 
 
 @dataclass(frozen=True)
@@ -72,6 +111,8 @@ class Reach:
     sigma_end: float = 0.0
 
     def in_window(self, extra_options) -> bool:
+        if self.sigma_start == math.inf and self.sigma_end <= 0.0:  # the whole run: no need to read the sigma
+            return True
         sigma = current_sigma(extra_options)
         return sigma is None or self.sigma_end <= sigma <= self.sigma_start
 
@@ -115,20 +156,22 @@ def sigma_window(model, start_percent: float, end_percent: float) -> tuple[float
     return sampling.percent_to_sigma(start_percent), sampling.percent_to_sigma(end_percent)
 
 
-class PlanCache:
-    """The merge plans of one sampling run, each kept for ``reuse_steps`` steps.
+class SamplingRun:
+    """What one sampling run remembers: the merge plans, each kept for ``reuse_steps`` steps, and the warnings
+    it has given, so each is given once per run.
 
-    Keyed by what identifies one batch of one block call (the caller's key);
-    a step is the position of the call's sigma in the run's schedule
-    (``sample_sigmas``). cond and uncond may run in two threads at once, so
-    every access holds the lock; a plan is made outside it (two threads with
-    the same key would make the same plan).
+    Plans are keyed by what identifies one batch of one block call (the
+    caller's key); a step is the position of the call's sigma in the run's
+    schedule (``sample_sigmas``). cond and uncond may run in two threads at
+    once, so every access holds the lock; a plan is made outside it (two
+    threads with the same key would make the same plan).
     """
 
     def __init__(self):
         self._lock = threading.Lock()
         self._plans: dict[Hashable, tuple[int, object]] = {}
         self._schedule: list[float] | None = None
+        self._warned: set[str] = set()
 
     def step(self, extra_options) -> int | None:
         """This call's step: how many of the run's schedule sigmas lie above its sigma."""
@@ -137,8 +180,8 @@ class PlanCache:
         if sigma is None or schedule is None:
             return None
         with self._lock:
-            if self._schedule is None:  # one read of the schedule per run: each read is a sync on a GPU
-                self._schedule = [float(s) for s in schedule.flatten()]
+            if self._schedule is None:  # one read of the schedule per run: each read waits for a GPU's queue
+                self._schedule = schedule.flatten().tolist()
             return sum(s > sigma for s in self._schedule)
 
     def plan(self, key: Hashable, extra_options, reuse_steps: int, make: Callable[[], object]):
@@ -155,23 +198,51 @@ class PlanCache:
             self._plans[key] = (step, plan)
         return plan
 
+    def first_warning(self, key: str) -> bool:
+        """Whether this is the run's first warning of ``key`` (and from now on it is not)."""
+        with self._lock:
+            if key in self._warned:
+                return False
+            self._warned.add(key)
+            return True
+
 
 def start_run(executor, *args, **kwargs):
-    """A keyed ``OUTER_SAMPLE`` wrapper: give the sampling run a fresh ``PlanCache``.
+    """A keyed ``OUTER_SAMPLE`` wrapper: give the sampling run a fresh ``SamplingRun``.
 
     ``executor.class_obj`` is the guider, whose ``model_options`` are, for the
-    length of the run, a copy made for this run alone: the cache goes there,
-    reaches every block call through ``transformer_options``, and is dropped
-    with the copy when the run ends.
+    length of the run, a copy made for this run alone: the run state goes
+    there, reaches every model call and block call through
+    ``transformer_options``, and is dropped with the copy when the run ends.
     """
-    executor.class_obj.model_options.setdefault("transformer_options", {})[RUN_KEY] = PlanCache()
+    executor.class_obj.model_options.setdefault("transformer_options", {})[RUN_KEY] = SamplingRun()
     return executor(*args, **kwargs)
 
 
-def wants_run_cache(model) -> None:
+def wants_run_state(model) -> None:
     """Register ``start_run`` on ``model`` (once, under our key)."""
     if start_run not in model.get_wrappers(OUTER_SAMPLE, WRAPPER_KEY):
         model.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY, start_run)
+
+
+def call_options(transformer_options) -> dict:
+    """A copy of a model call's ``transformer_options`` holding a fresh ``ModelCall`` (a copy, so a caller's
+    dict, or a default shared between calls, is never written)."""
+    options = dict(transformer_options or {})
+    options[CALL_KEY] = ModelCall(options.get("sigmas"))
+    return options
+
+
+def start_model_call(executor, x, t, c_concat=None, c_crossattn=None, control=None, transformer_options=None,
+                     **conds):
+    """A keyed ``APPLY_MODEL`` wrapper: the model call gets its own ``ModelCall``, shared by all its blocks."""
+    return executor(x, t, c_concat, c_crossattn, control, call_options(transformer_options), **conds)
+
+
+def wants_model_calls(model) -> None:
+    """Register ``start_model_call`` on ``model`` (once, under our key)."""
+    if start_model_call not in model.get_wrappers(APPLY_MODEL, WRAPPER_KEY):
+        model.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, start_model_call)
 
 
 def without_patches(patches: dict, types: tuple) -> None:

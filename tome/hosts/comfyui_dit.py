@@ -43,7 +43,6 @@ import dataclasses
 import functools
 import logging
 import math
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -54,68 +53,46 @@ from ..downsample import MAX, METHODS, NEAREST
 from ..grid import derive_seed
 from ..merge import IDENTITY, MEAN, REDUCTIONS, build_plan
 from .comfyui import (
+    APPLY_MODEL,
     OUTER_SAMPLE,
+    RUN_KEY,
     WRAPPER_KEY,
     Reach,
+    SamplingRun,
+    call_options,
     capped_ratio,
     check_choice,
     check_range,
     current_sigma,
     eager,
+    model_call,
     sigma_window,
+    start_run,
 )
 from .comfyui_unet import MERGE_KV, MERGE_MODES, MERGE_Q, MERGE_QKV
 from .dit_families import FAMILIES, DiTSpec, ImageLayout, dit_family, dit_spec
 
 log = logging.getLogger(__name__)
 
-APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
 OVERRIDE_KEY = "optimized_attention_override"  # the one attention override slot of transformer_options
 LAYOUT_KEY = "tome_layout"  # in a model call's transformer_options: its ImageLayout
-CALL_KEY = "tome_call"  # in a model call's transformer_options: image self-attention calls so far (for seeds)
 MAIN_BLOCK_KEY = "tome_main_block"  # in a VACE model call's transformer_options: whether a main block is running
-RUN_KEY = "tome_dit_run"  # in a sampling run's transformer_options: that run's RunWarnings
-
-
-class RunWarnings:
-    """The warnings one sampling run has given, so each is given once per run; cond and uncond may run in two
-    threads at once, hence the lock."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._given: set[str] = set()
-
-    def first(self, key: str) -> bool:
-        """Whether this is the run's first warning of ``key`` (and from now on it is not)."""
-        with self._lock:
-            if key in self._given:
-                return False
-            self._given.add(key)
-            return True
-
-
-def start_run(executor, *args, **kwargs):
-    """A keyed ``OUTER_SAMPLE`` wrapper: give the sampling run its own ``RunWarnings``, in the copy of the
-    model options ComfyUI makes for the run (``executor.class_obj`` is the guider), so it reaches every model
-    call of this run and no other."""
-    executor.class_obj.model_options.setdefault("transformer_options", {})[RUN_KEY] = RunWarnings()
-    return executor(*args, **kwargs)
 
 
 @dataclass(frozen=True)
 class LayoutWrapper:
     """A keyed ``apply_model`` wrapper: hands the model call a copy of its ``transformer_options`` holding the
-    call's ``ImageLayout`` (a copy, so a caller's dict, or a default shared between calls, is never written)."""
+    call's ``ImageLayout`` and its ``ModelCall`` (``comfyui.call_options``)."""
 
     spec: DiTSpec
 
     def __call__(self, executor, x, t, c_concat=None, c_crossattn=None, control=None, transformer_options=None,
                  **conds):
         text = 0 if c_crossattn is None else c_crossattn.shape[1]
-        options = dict(transformer_options or {})
+        options = call_options(transformer_options)
         options[LAYOUT_KEY] = self.spec.layout(x.shape, text, conds)
         if RUN_KEY not in options:  # a model call outside a sampling run is a run of its own
-            options[RUN_KEY] = RunWarnings()
+            options[RUN_KEY] = SamplingRun()
         if self.spec.vace_main_blocks:
             options[MAIN_BLOCK_KEY] = False
             options["patches_replace"] = with_main_blocks_marked(options.get("patches_replace") or {},
@@ -130,7 +107,7 @@ class LayoutWrapper:
         # at every step): watch, for this call, whether it still calls ours.
         watch = options[OVERRIDE_KEY] = OverrideWatch(on_top)
         out = executor(x, t, c_concat, c_crossattn, control, options, **conds)
-        if watch.calls and not watch.reached and options[RUN_KEY].first("dropped"):
+        if watch.calls and not watch.reached and options[RUN_KEY].first_warning("dropped"):
             warn_dropped(on_top)
         return out
 
@@ -251,10 +228,10 @@ def pool_grid(x: torch.Tensor, grid: tuple[int, int, int], factor: int, time_fac
     blocks = blocks.view(batch, sizes[0], steps[0], sizes[1], steps[1], sizes[2], steps[2], -1)
     if method == MAX:
         pooled = blocks.amax(dim=(2, 4, 6))
-    else:  # a partial cell is the mean of the tokens it has
-        counts = [torch.tensor([min(step, n - i * step) for i in range(size)], dtype=x.dtype, device=x.device)
-                  for n, step, size in zip(dims, steps, sizes, strict=True)]
-        count = counts[0].view(-1, 1, 1, 1) * counts[1].view(1, -1, 1, 1) * counts[2].view(1, 1, -1, 1)
+    else:  # a partial cell is the mean of the tokens it has: counted by pooling ones padded as the tokens are,
+        # made on the device (a tensor of the counts made on the host would be a blocking copy per call)
+        ones = F.pad(x.new_ones(1, t, h, w, 1), pad, value=0.0)
+        count = ones.view(1, sizes[0], steps[0], sizes[1], steps[1], sizes[2], steps[2], 1).sum(dim=(2, 4, 6))
         pooled = blocks.sum(dim=(2, 4, 6)) / count
     return pooled.reshape(batch, -1, *rest)
 
@@ -316,7 +293,7 @@ class DiTToMe:
 def warn_unrecognised(options, length: int, layout: ImageLayout) -> None:
     """Once per sampling run: a self-attention call of a length the layout does not know."""
     run = options.get(RUN_KEY)
-    if run is None or run.first("unrecognised"):
+    if run is None or run.first_warning("unrecognised"):
         log.warning("Apply ToDo / Apply ToMe: a self-attention call of %d tokens is not one this model's token "
                     "layout knows (%s, image grid %s); it is left whole, as is every such call in this run",
                     length, ", ".join(f"{n} tokens with the image at {s}" for n, s in layout.starts.items())
@@ -369,8 +346,7 @@ class DiTReduction:
             if self_attention and not layout.recognises(k.shape[1]):
                 warn_unrecognised(options, k.shape[1], layout)
             return attention(*args, **kwargs)
-        call_index = options.get(CALL_KEY, 0)
-        options[CALL_KEY] = call_index + 1
+        call_index = model_call(options).next_attention()
         plan = IDENTITY
         if tome is not None:
             plan = self.plan(tome, k[:, start:start + layout.n_tokens], layout.grid, call_index, options)

@@ -15,7 +15,10 @@ cond and uncond in two threads never see each other's plan).
 Patch objects hold only their frozen settings, as they are shared by every
 clone and called from several threads, and every entry point runs ``eager``
 outside a compiled graph (see ``comfyui``); ``apply_tome`` and
-``apply_todo`` clone the model and register them. No ComfyUI import.
+``apply_todo`` clone the model and register them, with the ``apply_model``
+wrapper that gives each model call one ``ModelCall``: the sigma that the step
+window, the seed and the step need is read from the device once per model
+call, not once per block. No ComfyUI import.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ from .comfyui import (
     eager,
     has_patches,
     sigma_window,
-    wants_run_cache,
+    wants_model_calls,
+    wants_run_state,
     without_patches,
 )
 
@@ -89,7 +93,7 @@ class ToMeAttn1Patch:
     """Builds the plan from ``norm1(x)`` and merges the self-attention inputs.
 
     With ``reuse_steps`` > 1, a block's plan serves the next steps too (the
-    matching is the costly part), kept in the sampling run's ``PlanCache``
+    matching is the costly part), kept in the sampling run's ``SamplingRun``
     under the batch it was made for: block, shape, device and the conds in the
     batch (``uuids``), so cond and uncond, run together or apart, in one
     thread or two, each get their own. Outside a sampling run (no cache) every
@@ -335,8 +339,9 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
     if scope == SCOPE_ALL:
         for key in feed_forward_class_keys(patched):
             patched.add_object_patch(key, merged_class(patched.get_model_object(key)))
+    wants_model_calls(patched)
     if reuse_steps > 1:
-        wants_run_cache(patched)
+        wants_run_state(patched)
     return patched
 
 
@@ -366,4 +371,5 @@ def apply_todo(model, *, downsample_factor: int, max_downsample: str = "auto", m
         attn1 = patches.setdefault("attn1_patch", [])
         first_tome = next((i for i, p in enumerate(attn1) if isinstance(p, TOME_PATCH_TYPES)), len(attn1))
         attn1.insert(first_tome, ToDoAttn1Patch(settings))
+        wants_model_calls(patched)
     return patched

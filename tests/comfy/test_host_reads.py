@@ -1,0 +1,72 @@
+"""A sampling step that never waits on the GPU: what each node adds to a model call, counted on the CPU.
+
+A host read (``float()``, ``.item()``, ``.tolist()``, ``nonzero``) or a blocking
+copy makes a GPU's host wait for every queued kernel. Our code may read the
+sigma once per model call (never per block or attention call), and the
+schedule once per sampling run; it makes no blocking copy; and a U-Net block's
+merge costs no more operators than tomesd's merge of the same tokens. The
+operator counts per model call are held as ceilings (today's counts): a change
+that adds operators to every call has to raise them, and say so.
+"""
+
+import pytest
+import torch
+
+from tome_harness import host_reads
+
+# Host reads per model call, and the most operators per model call (rounded up), that each node adds
+# (bench/host_reads_bench.py prints the table). reuse_steps (Advanced, U-Nets) reads the schedule once per run.
+EXPECTED = {
+    ("SD1.5", "Apply ToMe"): (1, 272), ("SD1.5", "Apply ToMe (Advanced)"): (1, 167),
+    ("SD1.5", "Apply ToDo"): (0, 45), ("SD1.5", "Apply ToDo (average)"): (0, 25),
+    ("SDXL", "Apply ToMe"): (1, 542), ("SDXL", "Apply ToMe (Advanced)"): (1, 332),
+    ("SDXL", "Apply ToDo"): (0, 90), ("SDXL", "Apply ToDo (average)"): (0, 50),
+    ("Flux", "Apply ToMe"): (1, 214), ("Flux", "Apply ToMe (Advanced)"): (1, 146),
+    ("Flux", "Apply ToDo"): (0, 51), ("Flux", "Apply ToDo (average)"): (0, 78),
+    ("Wan 2.1", "Apply ToMe"): (1, 190), ("Wan 2.1", "Apply ToMe (Advanced)"): (1, 128),
+    ("Wan 2.1", "Apply ToDo"): (0, 36), ("Wan 2.1", "Apply ToDo (average)"): (0, 60),
+}
+RUN_READS = {("SD1.5", "Apply ToMe (Advanced)"): 1, ("SDXL", "Apply ToMe (Advanced)"): 1}
+
+
+@pytest.fixture(scope="module")
+def base_models(comfy_nodes):
+    """Each counted model, built once for the module."""
+    return {name: host_reads.build_model(name) for name in host_reads.MODELS}
+
+
+@pytest.mark.parametrize("name,node", list(EXPECTED))
+def test_a_node_reads_the_host_at_most_once_per_model_call_and_never_blocks(comfy_nodes, pack, base_models, name,
+                                                                            node):
+    base = base_models[name]
+    host_reads.count_sampling(comfy_nodes, host_reads.patched(pack.models, base, node), name)  # first-run work
+    plain = host_reads.count_sampling(comfy_nodes, base, name)
+    ours = host_reads.count_sampling(comfy_nodes, host_reads.patched(pack.models, base, node), name)
+    added = ours.counts - plain.counts
+    reads_per_call, max_ops_per_call = EXPECTED[name, node]
+    assert ours.model_calls == host_reads.STEPS
+    assert added.host_reads == reads_per_call * ours.model_calls + RUN_READS.get((name, node), 0), added.ops
+    assert added.blocking_copies == 0, added.ops
+    assert added.n_ops <= max_ops_per_call * ours.model_calls, added.ops
+
+
+def test_a_blocks_merge_costs_no_more_operators_than_tomesds_and_reads_nothing(pack, sd15):
+    tokens = torch.randn(2, 1024, 32, generator=torch.Generator().manual_seed(0))
+    model = pack.unet.apply_tome(sd15, ratio=0.5)
+    call = pack.comfyui.ModelCall(torch.tensor([5.0]))
+    call.sigma()  # read once by the model call's first block; this block finds it read
+    ours = host_reads.block_merge_counts(model, tokens, (32, 32), model_call={pack.comfyui.CALL_KEY: call})
+    theirs = host_reads.tomesd_block_merge_counts(tokens, (32, 32))
+    assert (ours.host_reads, ours.blocking_copies) == (0, 0), ours.ops
+    assert ours.n_ops <= theirs.n_ops, (ours.ops, theirs.ops)
+
+
+def test_the_blocks_of_one_model_call_share_one_sigma_read(pack, sd15):
+    """Outside our wrapper every block would read the sigma itself; inside, the first read serves them all."""
+    model = pack.unet.apply_tome(sd15, ratio=0.5)
+    tokens = torch.randn(2, 1024, 32, generator=torch.Generator().manual_seed(0))
+    call = pack.comfyui.ModelCall(torch.tensor([5.0, 5.0]))
+    reads = [host_reads.block_merge_counts(model, tokens, (32, 32), model_call={pack.comfyui.CALL_KEY: call})
+             .host_reads for _ in range(3)]
+    alone = host_reads.block_merge_counts(model, tokens, (32, 32)).host_reads
+    assert (reads, alone) == ([1, 0, 0], 1)
