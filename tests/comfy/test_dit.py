@@ -583,3 +583,107 @@ def test_s2v_blocks_get_the_options_and_another_block_replacement_still_runs(com
                                     conditioned=variants["wan22_s2v"])
     assert len(image_calls("wan22_s2v", inner, outer, VARIANT_STARTS)) == 8
     assert replaced == [90 + 30 + 40] * 4  # block 1 of each model call ran through the other node's replacement
+
+
+# HiDream E1: ComfyUI's InstructPixToPixConditioning encodes the edit picture (random 96x80 pixels through a random
+# Flux-layout VAE) as concat_latent_image, which HiDream reads as image_cond and joins to the latent (10x12, the
+# empty latent the node makes) along the width before patching: each of the 5 rows of patches is the image's 6,
+# then the edit's 6, then the text: 60 + 7 + 2 * 3 (cond) and 60 + 5 + 2 * 3 (uncond) tokens.
+E1_ROW = 12
+E1_STARTS = {"hidream": ({5 * E1_ROW + COND_TEXT + 2 * LLAMA: 0, 5 * E1_ROW + UNCOND_TEXT + 2 * LLAMA: 0}, 1)}
+E1_IMAGE = (torch.arange(5)[:, None] * E1_ROW + torch.arange(6)).flatten()  # where the 30 image tokens sit
+
+
+def e1_conditioning(vae, width=96):
+    """``(positive, negative, latent)`` from ComfyUI's ``InstructPixToPixConditioning`` on an 80 x ``width`` edit
+    picture, over cond and uncond of 7 and 5 text tokens."""
+    from comfy_extras.nodes_ip2p import InstructPixToPixConditioning
+
+    positive, negative = conditioning("hidream")
+    picture = torch.rand(1, 80, width, 3, generator=torch.Generator().manual_seed(10))
+    return InstructPixToPixConditioning.execute(positive, negative, picture, vae).result
+
+
+def image_and_rest(tokens):
+    """E1's tokens ``[B, L, ...]`` split into the image's 30 (row-major) and every other token, in order."""
+    rest = torch.ones(tokens.shape[1], dtype=torch.bool)
+    rest[E1_IMAGE] = False
+    return tokens[:, E1_IMAGE], tokens[:, rest]
+
+
+@pytest.fixture(scope="module")
+def flux_vae(models, comfy_nodes):
+    if isinstance(models["hidream"], Exception):
+        pytest.skip(f"hidream cannot be built on this host: {models['hidream']}")
+    return dit_models.build_flux_vae()
+
+
+@pytest.fixture(scope="module")
+def e1(flux_vae):
+    return e1_conditioning(flux_vae)
+
+
+def test_hidream_e1_pools_the_image_rows_between_the_edit_rows_and_leaves_the_rest(comfy_nodes, dit, models, e1,
+                                                                                   caplog):
+    with caplog.at_level(logging.WARNING):
+        out, inner, outer = traced_sample(comfy_nodes, dit, models["hidream"], "hidream",
+                                          lambda m: dit.apply_todo_dit(m, downsample_factor=2), conditioned=e1)
+    assert torch.isfinite(out).all()
+    assert "not one this model's token layout knows" not in caplog.text
+    calls = image_calls("hidream", inner, outer, E1_STARTS)
+    assert len(calls) == 2 * 2 * 2  # a double and a single block, cond and uncond, 2 steps
+    for _, _, got, made in calls:
+        torch.testing.assert_close(got[0], made[0], rtol=0, atol=0)  # the queries stay whole, in their order
+        for pooled, full in zip(got[1:3], made[1:3], strict=True):
+            image, rest = image_and_rest(full)
+            assert pooled.shape[1] == full.shape[1] - 30 + 9  # the image's 30 keys pooled to 9, the rest whole
+            torch.testing.assert_close(pooled[:, :9], nearest_cells(image, 1), rtol=0, atol=0)
+            torch.testing.assert_close(pooled[:, 9:], rest, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("merge", ["q, k and v", "k and v only"])
+def test_hidream_e1_merges_the_image_and_restores_every_query_in_its_place(comfy_nodes, dit, models, e1, merge):
+    _, inner, outer = traced_sample(comfy_nodes, dit, models["hidream"], "hidream",
+                                    lambda m: dit.apply_tome_dit(m, ratio=0.5, merge=merge), conditioned=e1)
+    calls = image_calls("hidream", inner, outer, E1_STARTS)
+    assert len(calls) == 8
+    for _, _, got, made in calls:
+        length = made[1].shape[1]
+        q, k, v = got[:3]
+        assert k.shape[1] == v.shape[1] == length - 15  # 15 of the 30 image tokens merged
+        assert q.shape[1] == (length - 15 if merge == "q, k and v" else length)
+        torch.testing.assert_close(k[:, 15:], image_and_rest(made[1])[1], rtol=0, atol=0)  # edit and text whole
+        assert got[3].shape[1] == q.shape[1] and made[3].shape[1] == length  # an output for every query
+        image_out, rest_out = image_and_rest(made[3])
+        if merge == "q, k and v":  # every image query has its destination's output; the others their own
+            assert len({tuple(row.tolist()) for row in image_out[0]}) == 15
+            torch.testing.assert_close(rest_out, got[3][:, 15:], rtol=0, atol=0)
+        else:
+            torch.testing.assert_close(made[3], got[3], rtol=0, atol=0)
+
+
+def test_hidream_e1_at_factor_1_and_ratio_0_is_the_model_bit_for_bit(comfy_nodes, dit, models, e1):
+    model = models["hidream"]
+    removed = dit.apply_todo_dit(dit.apply_tome_dit(dit.apply_todo_dit(model, downsample_factor=2), ratio=0.0),
+                                 downsample_factor=1)
+    assert "optimized_attention_override" not in removed.model_options["transformer_options"]
+    torch.testing.assert_close(sample(comfy_nodes, removed, "hidream", conditioned=e1),
+                               sample(comfy_nodes, model, "hidream", conditioned=e1), rtol=0, atol=0)
+
+
+def test_hidream_e1_with_an_odd_latent_width_is_left_whole_with_one_warning_per_run(comfy_nodes, dit, models,
+                                                                                   flux_vae, caplog):
+    """A 104-pixel-wide edit picture: a 10x13 latent, joined 26 wide, so patch 6 of each row holds the image's
+    last latent column and the edit's first. Every call reaches attention exactly as the model made it."""
+    odd = e1_conditioning(flux_vae, width=104)
+    assert odd[2]["samples"].shape[-1] == 13
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            _, inner, outer = traced_sample(comfy_nodes, dit, models["hidream"], "hidream",
+                                            lambda m: dit.apply_tome_dit(m, ratio=0.5), conditioned=odd)
+            assert {made[1].shape[1] for made in outer} >= {5 * 13 + COND_TEXT + 2 * LLAMA}
+            for got, made in zip(inner, outer, strict=True):
+                for a, b in zip(got[:3], made[:3], strict=True):
+                    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    warnings = [r for r in caplog.records if "not one this model's token layout knows" in r.getMessage()]
+    assert len(warnings) == 2

@@ -108,14 +108,32 @@ def test_ltxv_guides_that_are_not_whole_frames_are_not_recognised():
     assert layout.starts == {} and not layout.recognises(48)
 
 
-def test_hidream_image_then_t5_and_the_llm_twice_and_no_span_under_an_edit_image():
+def test_hidream_image_then_t5_and_the_llm_twice():
     spec = families.DiTSpec(families.HIDREAM, (1, 2, 2))
     llama = torch.zeros(1, 48, 128, 4096)  # [B, LLM layers, tokens, width]
-    assert spec.layout((1, 16, 128, 128), 128, {"encoder_hidden_states_llama3": llama}).starts == \
-        {64 * 64 + 128 + 2 * 128: 0}
-    edited = spec.layout((1, 16, 128, 128), 128, {"encoder_hidden_states_llama3": llama,
-                                                  "image_cond": torch.zeros(1, 16, 128, 128)})
-    assert edited.starts == {}  # E1 joins the edit image along the width: every row holds both
+    layout = spec.layout((1, 16, 128, 128), 128, {"encoder_hidden_states_llama3": llama})
+    assert layout.starts == {64 * 64 + 128 + 2 * 128: 0} and layout.row_stride is None
+
+
+@pytest.mark.parametrize("edit_width,row", [(128, 128), (96, 112), (97, 113)])
+def test_hidream_e1_rows_of_image_then_edit_patches_then_the_text(edit_width, row):
+    """E1 joins the edit latent to the image along the width, then pads to whole patches: each of the 64 rows
+    of patches is the image's 64 and the edit's (``row - 64``, its last one padded where its width is odd)."""
+    spec = families.DiTSpec(families.HIDREAM, (1, 2, 2))
+    llama = torch.zeros(1, 48, 128, 4096)
+    layout = spec.layout((1, 16, 128, 128), 128, {"encoder_hidden_states_llama3": llama,
+                                                  "image_cond": torch.zeros(1, 16, 128, edit_width)})
+    assert layout.grid == (1, 64, 64) and layout.row_stride == row
+    assert layout.starts == {64 * row + 128 + 2 * 128: 0}
+
+
+def test_hidream_e1_with_an_odd_latent_width_is_not_recognised():
+    """A 127-wide latent: patch 63 of each row holds the image's last column and the edit's first."""
+    spec = families.DiTSpec(families.HIDREAM, (1, 2, 2))
+    llama = torch.zeros(1, 48, 128, 4096)
+    layout = spec.layout((1, 16, 128, 127), 128, {"encoder_hidden_states_llama3": llama,
+                                                  "image_cond": torch.zeros(1, 16, 128, 127)})
+    assert layout.starts == {} and not layout.recognises(64 * 127 + 128 + 2 * 128)
 
 
 def test_cosmos_predict2_video_alone_as_wan():
@@ -259,6 +277,36 @@ def test_tome_merges_image_tokens_per_frame_and_restores_every_query(heads_major
         torch.testing.assert_close(out[:, :8], sdpa(q, k, v, 2, skip_reshape=heads_major)[:, :8])
     # r = 12 of the 24 image queries were merged away and take their destination's output back.
     assert len({tuple(row.tolist()) for row in out[0, 8:]}) == 24 - 12
+
+
+def strided_and_gathered(heads_major):
+    """A HiDream E1 sequence (2 rows of 4x3 image patches, each followed by 3 edit patches, then 5 text tokens)
+    as ``(layout, q, k, v)``, and the same tokens reordered image first with a one-span layout: ``(layout, q,
+    k, v, order)``, ``order`` the positions of the reordered tokens in the E1 sequence."""
+    layout = families.hidream_layout((1, 16, 4, 6), 2, text=5, edit=(1, 16, 4, 6))  # 2x3 image, rows of 6
+    assert (layout.grid, layout.row_stride, layout.starts) == ((1, 2, 3), 6, {17: 0})
+    order = torch.tensor([0, 1, 2, 6, 7, 8, 3, 4, 5, 9, 10, 11, 12, 13, 14, 15, 16])
+    seq = 2 if heads_major else 1
+    tensors = qkv(2, 2, 17, 4, heads_major)
+    return (layout, *tensors), (families.image_layout((1, 2, 3), {17: 0}),
+                                *(t.index_select(seq, order) for t in tensors), order)
+
+
+@pytest.mark.parametrize("heads_major", [True, False])
+@pytest.mark.parametrize("reduction", [dit.DiTReduction(todo=dit.DiTToDo(2, 1, AVERAGE, EVERYWHERE)),
+                                       *(dit.DiTReduction(tome=dit.DiTToMe(0.5, 2, 1, EVERYWHERE, seed=3, merge=m))
+                                         for m in (MERGE_QKV, MERGE_KV, MERGE_Q))],
+                         ids=["todo", "tome q k v", "tome k v", "tome q"])
+def test_an_image_in_rows_between_edit_tokens_is_reduced_as_the_same_tokens_in_one_span(heads_major, reduction):
+    """HiDream E1: the override gathers the image's rows, reduces them as it would one span, and hands every
+    query its output in its own place: the output is the one-span sequence's, put back in E1's order."""
+    (strided, q, k, v), (span, q1, k1, v1, order) = strided_and_gathered(heads_major)
+    sdpa.calls.clear()
+    out = reduction(sdpa, q, k, v, 2, skip_reshape=heads_major, transformer_options=options(strided))
+    reference = reduction(sdpa, q1, k1, v1, 2, skip_reshape=heads_major, transformer_options=options(span))
+    seq = 2 if heads_major else 1
+    assert sdpa.calls[0] == sdpa.calls[1] and min(shape[seq] for shape in sdpa.calls[0]) < 17  # reduced alike
+    torch.testing.assert_close(out[:, order], reference, rtol=0, atol=0)
 
 
 def test_tome_on_video_merges_frame_by_frame():

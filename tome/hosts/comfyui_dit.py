@@ -24,7 +24,10 @@ variant that adds tokens, another pack's extra tokens) is left alone too, with
 one warning per sampling run: the image is never looked for by guess. ToDo pools the image
 keys and values over cells of the grid; ToMe merges the image tokens by
 bipartite soft matching and, where the queries were merged, gives every merged
-query its destination's output back.
+query its destination's output back. An image laid out in rows between other
+tokens (HiDream E1's edit image shares each row of patches) is first gathered
+into one span by reordering the sequence (keys and values attend alike in any
+order); merged queries' outputs are put back in their places after.
 
 Tensor layouts differ by model: ``[B, H, L, D]`` with ``skip_reshape`` (Flux,
 Qwen-Image, Lumina 2), ``[B, L, H*D]`` (Wan, SD3's q and k) and ``[B, L, H, D]``
@@ -241,6 +244,20 @@ def replace_span(x: torch.Tensor, start: int, length: int, image: torch.Tensor) 
     return torch.cat([x[:, :start], image, x[:, start + length:]], dim=1)
 
 
+def image_first(layout: ImageLayout, start: int, length: int, device: torch.device) -> torch.Tensor | None:
+    """For an image in rows between other tokens (``layout.row_stride``, HiDream E1), the order ``[length]`` of
+    a sequence's tokens that puts the image's ``t*h*w`` first, row-major, then every other token in its own
+    order; ``None`` where the image is one span. Made on the device: an index made on the host would be a
+    copy to the device in every attention call."""
+    if layout.row_stride is None:
+        return None
+    t, h, w = layout.grid
+    positions = torch.arange(length, device=device)
+    end = start + t * h * layout.row_stride
+    rows = positions[start:end].view(t * h, layout.row_stride)
+    return torch.cat([rows[:, :w].flatten(), positions[:start], rows[:, w:].flatten(), positions[end:]])
+
+
 class FramePlan:
     """A ``MergePlan`` per frame of a ``(t, h, w)`` grid (frames folded into the batch): merges the image
     tokens ``[B, t*h*w, ...]`` to ``[B, t*m, ...]`` and back."""
@@ -347,6 +364,10 @@ class DiTReduction:
                 warn_unrecognised(options, k.shape[1], layout)
             return attention(*args, **kwargs)
         call_index = model_call(options).next_attention()
+        order = image_first(layout, start, k.shape[1], k.device)
+        if order is not None:  # the image one span at 0: keys and values in any order attend alike
+            k, v = (t.index_select(1, order) for t in (k, v))
+            start = 0
         plan = IDENTITY
         if tome is not None:
             plan = self.plan(tome, k[:, start:start + layout.n_tokens], layout.grid, call_index, options)
@@ -357,13 +378,16 @@ class DiTReduction:
         elif merge_kv:
             k, v = (self.merged(plan, t, start, layout.n_tokens, tome.reduce) for t in (k, v))
         if merge_q:
-            q = self.merged(plan, q, start, layout.n_tokens, tome.reduce)
+            q = self.merged(plan, q if order is None else q.index_select(1, order), start, layout.n_tokens,
+                            tome.reduce)
         out = attention(*(token_major(t, heads_major) for t in (q, k, v)), *args[3:], **kwargs)
         if not merge_q:
             return out
         out_heads_major = heads_major and bool(kwargs.get("skip_output_reshape", False))
-        return token_major(self.unmerged(plan, token_major(out, out_heads_major), start, layout.n_tokens),
-                           out_heads_major)
+        out = self.unmerged(plan, token_major(out, out_heads_major), start, layout.n_tokens)
+        if order is not None:  # each query's output back to its place in the sequence
+            out = torch.empty_like(out).index_copy_(1, order, out)
+        return token_major(out, out_heads_major)
 
     @staticmethod
     def merged(plan, x: torch.Tensor, start: int, n: int, mode: str) -> torch.Tensor:

@@ -33,11 +33,16 @@ class ImageLayout:
     holds the image, the index of its first image token; the image is
     ``t * h * w`` tokens from there, row-major per frame. ``others``: lengths
     a call may have without the image; any other length is unrecognised.
+    ``row_stride``: where the image is not one span but ``t * h`` rows of
+    ``w`` tokens, one every ``row_stride`` tokens from the start, other tokens
+    between them (HiDream E1: each row of patches is the image's, then the
+    edit image's); ``None``: one span.
     """
 
     grid: tuple[int, int, int]
     starts: Mapping[int, int] = field(default_factory=dict)
     others: frozenset[int] = frozenset()  # self-attention lengths known to hold no image (text refiners)
+    row_stride: int | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -52,11 +57,13 @@ class ImageLayout:
         return length in self.starts or length in self.others
 
 
-def image_layout(grid: tuple[int, int, int], starts: Mapping[int, int], others: Iterable[int] = ()) -> ImageLayout:
+def image_layout(grid: tuple[int, int, int], starts: Mapping[int, int], others: Iterable[int] = (),
+                 row_stride: int | None = None) -> ImageLayout:
     """An ``ImageLayout``, leaving out the lengths that ``others`` (sequences without the image: a text-only
     refiner, cross-attention keys) share: a call of such a length cannot be told apart, so it is left alone."""
     others = frozenset(others)
-    return ImageLayout(grid, {length: start for length, start in starts.items() if length not in others}, others)
+    return ImageLayout(grid, {length: start for length, start in starts.items() if length not in others}, others,
+                       row_stride)
 
 
 def patch_grid(latent_shape: Sequence[int], patch: Sequence[int]) -> tuple[int, int, int]:
@@ -161,12 +168,23 @@ def ltxv_layout(latent_shape, patch: Sequence[int], contexts: Iterable[int] = ()
 
 def hidream_layout(latent_shape, patch: int, text: int, edit: Sequence[int] | None = None) -> ImageLayout:
     """HiDream: ``[image | text]`` in every block, ``text`` being T5's tokens and the LLM's twice (the last
-    layer's and each block's own). ``edit``: the shape of HiDream E1's edit latent, joined to the image along
-    the width, so every row of patches holds both: no image span, nothing recognised."""
-    if edit is not None:
-        return ImageLayout(patch_grid(latent_shape, (1, patch, patch)))
+    layer's and each block's own).
+
+    ``edit``: the shape of HiDream E1's edit latent, which ``_forward`` joins
+    to the image along the width before patching: each of the ``h`` rows of
+    patches is the image's ``w`` and then the edit's, so the image is rows of
+    ``w`` tokens, ``row_stride`` apart, then the text. Where the latent's width
+    is not a whole number of patches, one patch of each row holds the image's
+    last column and the edit's first: neither image nor edit, so no call is
+    recognised (each is left whole, with the one warning per run).
+    """
     grid = patch_grid(latent_shape, (1, patch, patch))
-    return image_layout(grid, {math.prod(grid) + text: 0})
+    if edit is None:
+        return image_layout(grid, {math.prod(grid) + text: 0})
+    if latent_shape[-1] % patch:
+        return ImageLayout(grid)
+    row = math.ceil((latent_shape[-1] + edit[-1]) / patch)  # the joined latent is padded to whole patches
+    return image_layout(grid, {grid[1] * row + text: 0}, row_stride=row)
 
 
 def mochi_layout(latent_shape, patch: Sequence[int], text: int) -> ImageLayout:
