@@ -5,7 +5,8 @@
 #  - .venv-tools/ with comfy-cli (requirements/tools.txt), for `comfy node validate` and the registry's packer:
 #    its own environment, since it pulls in packages the test host does not need;
 #  - a ComfyUI 0.3.75 host in .comfyui/, unless COMFYUI_PATH names your own ComfyUI;
-#  - Debian's chromium, for the browser tests (Playwright drives it; it cannot download a browser here).
+#  - Debian's chromium, for the browser tests (Playwright drives it; it cannot download a browser here), and
+#    mate-backgrounds, the photographs of the quality bench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,10 +44,16 @@ else
     .venv/bin/python scripts/provision_comfyui.py .comfyui
 fi
 
-if ! command -v chromium > /dev/null; then
+# Debian's packages: chromium for the browser tests, mate-backgrounds for the quality bench's photographs
+# (tome_harness/photos.py: real photographs, installed, never committed).
+debian_packages=()
+command -v chromium > /dev/null || debian_packages+=(chromium)
+[ -d /usr/share/backgrounds/mate/nature ] || debian_packages+=(mate-backgrounds)
+if [ ${#debian_packages[@]} -gt 0 ]; then
     sudo=$([ "$(id -u)" = 0 ] || echo sudo)
     $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium > /dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${debian_packages[@]}" \
+        > /dev/null
 fi
 
 wait "$tools"  # its failure fails the set-up

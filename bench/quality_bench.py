@@ -1,0 +1,349 @@
+"""What each setting costs in image quality, on the small models trained here (``bench/train_models.py``).
+
+    .venv/bin/python bench/quality_bench.py                       # every layout and setting (minutes)
+    .venv/bin/python bench/quality_bench.py --layout sd15 --smoke  # seconds: one photograph and seed, 2 steps
+    .venv/bin/python bench/quality_bench.py --picture docs/quality.png   # the README's picture too
+
+Everything runs in the real host: ComfyUI in-process (PyTorch SDPA attention, CPU, fp32), the pack as
+ComfyUI loads it, the trained weights in ComfyUI's own model classes, sampling through ``comfy.sample``.
+On the held-out photographs (``tome_harness.photos.HELD_OUT``), for each setting against no patch:
+
+- (a) x0: the model's x0 prediction from the photograph noised to 25%, 50% and 75% of the schedule (one
+  sampler step that returns the prediction). "x0 error": its squared error against the photograph over the
+  unpatched model's (1.00: no cost; below 1 happens: a reduction that smooths a blurry prediction can land
+  nearer the photograph). "x0 change": its squared distance from the unpatched prediction over the
+  unpatched model's error (0: no change): what the setting does to the model, free of that luck;
+- (b) img2img: denoise 0.5 of 20 euler steps from each photograph: PSNR and SSIM against the unpatched
+  output, PSNR against the photograph;
+- (c) from noise: 20 euler steps from pure noise, fixed seeds: PSNR against the unpatched sample.
+
+Every figure is a mean with its standard deviation over photographs and seeds. Pruning (``reduce=PRUNE``)
+drops the very tokens ToMe would merge: merging's gain over it is what averaging buys. JSON rows go to
+``--out``, Markdown tables to standard output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tome_harness import comfyui as comfyui_host
+from tome_harness import photos
+from tome_harness import trained_models as tm
+
+STEPS = 20
+DENOISE = 0.5
+SAMPLER, SCHEDULER = "euler", "simple"
+NOISE_SEEDS = (0, 1)  # per photograph, for (a) and (b)
+SAMPLE_SEEDS = (0, 1, 2, 3)  # for (c)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the bench: a name, the families it applies to, and how it patches a model."""
+
+    name: str
+    patch: Callable  # (pack, model, layout) -> patched model
+    unet_only: bool = False
+    video_only: bool = False
+
+    def applies_to(self, layout: tm.Layout) -> bool:
+        return (layout.is_unet or not self.unet_only) and (layout.frames > 0 or not self.video_only)
+
+
+def tome(ratio: float, **inputs) -> Callable:
+    return lambda pack, model, layout: pack.models.apply_tome(model, ratio=ratio, **inputs)
+
+
+def todo(factor: int, **inputs) -> Callable:
+    return lambda pack, model, layout: pack.models.apply_todo(model, downsample_factor=factor, **inputs)
+
+
+def core(ratio: float) -> Callable:
+    return lambda pack, model, layout: pack.nodes_module.NODE_CLASS_MAPPINGS["TomePatchModel"].execute(
+        model, ratio=ratio).result[0]
+
+
+def settings() -> list[Setting]:
+    from tome.hosts.comfyui_unet import MERGE_KV, MERGE_Q, SCOPE_ALL, SCOPE_CROSS
+    from tome.merge import PRUNE
+
+    return [
+        Setting("none", lambda pack, model, layout: model),
+        Setting("ToMe 0.3", tome(0.3)),
+        Setting("ToMe 0.5", tome(0.5)),
+        Setting("ToMe 0.7", tome(0.7)),
+        Setting("ToMe 0.75", tome(0.75), video_only=True),  # the README's fast Wan setting before this bench
+        Setting("prune 0.3", tome(0.3, reduce=PRUNE)),
+        Setting("prune 0.5", tome(0.5, reduce=PRUNE)),
+        Setting("prune 0.7", tome(0.7, reduce=PRUNE)),
+        Setting("ToMe 0.5 k and v only", tome(0.5, merge=MERGE_KV)),
+        Setting("ToMe 0.5 q only", tome(0.5, merge=MERGE_Q)),
+        Setting("ToMe 0.5 widest scope", tome(0.5, scope=SCOPE_ALL), unet_only=True),
+        # The README's fast U-Net settings before this bench: deeper levels and more modules.
+        Setting("ToMe 0.5 self+cross, max_downsample 2", tome(0.5, scope=SCOPE_CROSS, max_downsample="2"),
+                unet_only=True),
+        Setting("ToMe 0.5 widest scope, max_downsample 4", tome(0.5, scope=SCOPE_ALL, max_downsample="4"),
+                unet_only=True),
+        Setting("core TomePatchModel 0.5", core(0.5), unet_only=True),
+        Setting("ToDo 2", todo(2)),
+        Setting("ToDo 3", todo(3)),
+        Setting("ToDo 2 time_factor 2", todo(2, time_factor=2), video_only=True),
+        Setting("ToDo 2 from 0.3", todo(2, start_percent=0.3)),
+    ]
+
+
+# Sampling through the real host.
+
+def first_prediction(model, x, sigmas, extra_args=None, callback=None, disable=None):
+    """A sampler function (``comfy.samplers.KSAMPLER``) that returns the model's x0 prediction at the first
+    sigma: one model call through the whole sampling path, wrappers and patches included."""
+    return model(x, sigmas[0] * x.new_ones([x.shape[0]]), **(extra_args or {}))
+
+
+def vae_space(model, latent: torch.Tensor) -> torch.Tensor:
+    """A model-space latent (what ``tm.to_latent`` makes) as the LATENT a sampler takes: the sampler applies
+    ``process_latent_in`` to it, which gives the model-space latent back."""
+    return model.model.process_latent_out(latent)
+
+
+def to_pixels(model, samples: torch.Tensor, layout: tm.Layout) -> torch.Tensor:
+    return tm.to_pixels(model.model.process_latent_in(samples), layout)
+
+
+def noise_like(latent: torch.Tensor, seed: int) -> torch.Tensor:
+    return torch.randn(latent.shape, generator=torch.Generator().manual_seed(seed))
+
+
+def predict_x0(model, layout, latent, percent: float, seed: int) -> torch.Tensor:
+    import comfy.sample
+    import comfy.samplers
+
+    sigma = model.model.model_sampling.percent_to_sigma(percent)
+    return comfy.sample.sample_custom(model, noise_like(latent, seed), 1.0, comfy.samplers.KSAMPLER(first_prediction),
+                                      torch.tensor([sigma, 0.0]), *conditioning(layout), vae_space(model, latent),
+                                      disable_pbar=True, seed=seed)
+
+
+def sample(model, layout, latent, noise: int | torch.Tensor, steps: int, denoise: float) -> torch.Tensor:
+    """``steps`` euler steps (of which ``denoise`` runs) from ``latent`` with ``noise`` (a tensor, or a seed)."""
+    import comfy.sample
+
+    if isinstance(noise, int):
+        noise = noise_like(latent, noise)
+    return comfy.sample.sample(model, noise, steps, 1.0, SAMPLER, SCHEDULER, *conditioning(layout),
+                               vae_space(model, latent), denoise=denoise, disable_pbar=True)
+
+
+def conditioning(layout: tm.Layout) -> tuple[list, list]:
+    """Positive and negative: the empty prompt both (cfg 1 runs the positive alone)."""
+    prompt = tm.empty_prompt(layout)
+    return prompt, prompt
+
+
+# Image measures.
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Of images in [0, 1]; 100 dB for identical ones."""
+    mse = float((a - b).square().mean())
+    return 100.0 if mse == 0 else 10 * math.log10(1.0 / mse)
+
+
+def ssim(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Of ``[3, H, W]`` images (or ``[3, T, H, W]`` clips: the mean over frames)."""
+    from skimage.metrics import structural_similarity
+
+    if a.ndim == 4:
+        return statistics.fmean(ssim(a[:, t], b[:, t]) for t in range(a.shape[1]))
+    return float(structural_similarity(a.numpy(), b.numpy(), channel_axis=0, data_range=1.0))
+
+
+def mse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per batch element."""
+    return (a - b).square().flatten(1).mean(1)
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0}
+
+
+@dataclass
+class Run:
+    """What one layout's bench needs: the sizes of this run and the unpatched references."""
+
+    steps: int
+    photos: torch.Tensor  # model-space latents of the held-out photographs
+    noise_seeds: tuple[int, ...]
+    sample_seeds: tuple[int, ...]
+    percents: tuple[float, ...]
+
+
+def outputs(model, layout: tm.Layout, run: Run) -> dict[str, torch.Tensor]:
+    """Everything a setting is compared on: x0 predictions, img2img pixels and samples from noise."""
+    out = {}
+    for percent in run.percents:
+        for seed in run.noise_seeds:
+            out[f"x0 {percent} {seed}"] = model.model.process_latent_in(predict_x0(model, layout, run.photos,
+                                                                                   percent, seed))
+    for seed in run.noise_seeds:
+        out[f"img2img {seed}"] = to_pixels(model, sample(model, layout, run.photos, seed, run.steps, DENOISE), layout)
+    empty = torch.zeros((len(run.sample_seeds), *run.photos.shape[1:]))
+    noise = torch.cat([noise_like(empty[:1], seed) for seed in run.sample_seeds])  # one batch, a seed each
+    samples = to_pixels(model, sample(model, layout, empty, noise, run.steps, 1.0), layout)
+    for index, seed in enumerate(run.sample_seeds):
+        out[f"sample {seed}"] = samples[index:index + 1]
+    return out
+
+
+def measures(layout: tm.Layout, run: Run, got: dict, reference: dict, photographs: torch.Tensor) -> dict:
+    """One setting's figures against the unpatched ``reference`` outputs, each with its spread."""
+    row = {}
+    for percent in run.percents:
+        errors, changes = [], []
+        for seed in run.noise_seeds:
+            ours, base = got[f"x0 {percent} {seed}"], reference[f"x0 {percent} {seed}"]
+            base_error = mse(base, run.photos)
+            errors += (mse(ours, run.photos) / base_error).tolist()
+            changes += (mse(ours, base) / base_error).tolist()
+        row[f"x0 error {percent}"] = spread(errors)
+        row[f"x0 change {percent}"] = spread(changes)
+    pairs = [(got[f"img2img {s}"][i], reference[f"img2img {s}"][i], photographs[i])
+             for s in run.noise_seeds for i in range(len(photographs))]
+    row["img2img PSNR"] = spread([psnr(a, b) for a, b, _ in pairs])
+    row["img2img SSIM"] = spread([ssim(a, b) for a, b, _ in pairs])
+    row["img2img PSNR to photo"] = spread([psnr(a, p) for a, _, p in pairs])
+    row["sample PSNR"] = spread([psnr(got[f"sample {s}"][0], reference[f"sample {s}"][0]) for s in run.sample_seeds])
+    return row
+
+
+def held_out_pixels(layout: tm.Layout, count: int) -> torch.Tensor:
+    if layout.frames:
+        return photos.held_out_clips(layout.pixels, layout.frames)[:count]
+    return photos.held_out_images(layout.pixels)[:count]
+
+
+def bench_layout(pack, layout: tm.Layout, run: Run, photographs: torch.Tensor, chosen: list[Setting]) -> list[dict]:
+    model = tm.trained(layout)
+    reference = outputs(model, layout, run)
+    rows = []
+    for setting in chosen:
+        got = reference if setting.name == "none" else outputs(setting.patch(pack, model, layout), layout, run)
+        rows.append({"layout": layout.name, "setting": setting.name, **measures(layout, run, got, reference,
+                                                                                 photographs)})
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+# Reports.
+
+def cell(figure: dict, digits: int) -> str:
+    return f"{figure['mean']:.{digits}f} ± {figure['std']:.{digits}f}"
+
+
+def markdown(rows: list[dict], percents=tm.EVAL_PERCENTS) -> str:
+    """One table per layout."""
+    head = (["setting"] + [f"x0 error at {round(p * 100)}%" for p in percents]
+            + [f"x0 change at {round(p * 100)}%" for p in percents]
+            + ["img2img PSNR (dB)", "img2img SSIM", "PSNR to photo (dB)", "sample PSNR (dB)"])
+    out = []
+    for name in dict.fromkeys(r["layout"] for r in rows):
+        out += [f"**{name}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in (r for r in rows if r["layout"] == name):
+            cells = [r["setting"]] + [cell(r[f"x0 error {p}"], 2) for p in percents]
+            cells += [cell(r[f"x0 change {p}"], 3) for p in percents]
+            cells += [cell(r["img2img PSNR"], 1) if r["setting"] != "none" else "-",
+                      cell(r["img2img SSIM"], 3) if r["setting"] != "none" else "-",
+                      cell(r["img2img PSNR to photo"], 1),
+                      cell(r["sample PSNR"], 1) if r["setting"] != "none" else "-"]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def picture(pack, path: Path, layouts: list[tm.Layout], names=("none", "ToMe 0.5", "ToDo 2",
+                                                                  "core TomePatchModel 0.5", "prune 0.5")) -> None:
+    """The README's picture: one held-out photograph per layout (a row each), noised to half the schedule and
+    denoised (img2img, denoise 0.5) with no patch, ToMe 0.5, ToDo 2, the core node (U-Nets) and pruning
+    0.5, each labelled with its PSNR against the photograph."""
+    from PIL import Image, ImageDraw
+
+    tile, label = 128, 14
+    by_name = {s.name: s for s in settings()}
+    columns = ["photograph", *names]
+    sheet = Image.new("RGB", (tile * len(columns) + 70, (tile + label) * len(layouts) + label), "white")
+    draw = ImageDraw.Draw(sheet)
+    for i, name in enumerate(columns):
+        draw.text((70 + i * tile + 4, 0), name.replace("core TomePatchModel", "core"), fill="black")
+    for row, layout in enumerate(layouts):
+        model = tm.trained(layout)
+        photo = held_out_pixels(layout, 1)
+        latent = tm.to_latent(photo, layout)
+        y = label + row * (tile + label)
+        draw.text((4, y + tile // 2), layout.name, fill="black")
+        images = [(photo[0], None)]
+        for name in names:
+            setting = by_name[name]
+            if not setting.applies_to(layout):
+                images.append((None, None))
+                continue
+            out = to_pixels(model, sample(setting.patch(pack, model, layout), layout, latent, 0, STEPS, DENOISE),
+                            layout)[0]
+            images.append((out, psnr(out, photo[0])))
+        for col, (image, value) in enumerate(images):
+            if image is None:
+                continue
+            frame = image[:, image.shape[1] // 2] if image.ndim == 4 else image  # a clip: its middle frame
+            array = (frame.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+            sheet.paste(Image.fromarray(array).resize((tile, tile), Image.NEAREST), (70 + col * tile, y))
+            if value is not None:
+                draw.text((70 + col * tile + 4, y + tile), f"{value:.1f} dB", fill="black")
+    sheet.save(path)
+
+
+@torch.inference_mode()  # as ComfyUI runs a prompt
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layout", action="append", choices=list(tm.LAYOUTS), help="repeatable; default: all")
+    parser.add_argument("--setting", action="append", help="a setting by name (repeatable; default: all)")
+    parser.add_argument("--smoke", action="store_true", help="one photograph, one seed, one noise level, 2 steps")
+    parser.add_argument("--out", type=Path, help="write the JSON rows here")
+    parser.add_argument("--picture", type=Path, help="also draw the README's picture here (PNG)")
+    args = parser.parse_args(argv)
+    nodes = comfyui_host.boot_in_process(Path(tempfile.mkdtemp()) / "custom_nodes", attention="sdpa")
+
+    class Pack:
+        models = comfyui_host.pack_module("tome.hosts.comfyui_models")
+        nodes_module = nodes
+
+    chosen = [s for s in settings() if args.setting is None or s.name in args.setting]
+    layouts = [tm.LAYOUTS[name] for name in args.layout or tm.LAYOUTS]
+    rows = []
+    for layout in layouts:
+        count = 1 if args.smoke else len(photos.HELD_OUT)
+        pixels = held_out_pixels(layout, count)
+        run = Run(steps=2 if args.smoke else STEPS, photos=tm.to_latent(pixels, layout),
+                  noise_seeds=NOISE_SEEDS[:1] if args.smoke else NOISE_SEEDS,
+                  sample_seeds=SAMPLE_SEEDS[:1] if args.smoke else SAMPLE_SEEDS,
+                  percents=(0.5,) if args.smoke else tm.EVAL_PERCENTS)
+        rows += bench_layout(Pack, layout, run, pixels, [s for s in chosen if s.applies_to(layout)])
+    print(markdown(rows, (0.5,) if args.smoke else tm.EVAL_PERCENTS))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    if args.picture:
+        picture(Pack, args.picture, layouts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

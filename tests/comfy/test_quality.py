@@ -1,0 +1,118 @@
+"""The quality bench's trained models and its measures, in the real host.
+
+The models are the committed ones (``tome_harness/weights``), loaded into ComfyUI's own classes; nothing is
+trained or downloaded here. The photographs are Debian's ``mate-backgrounds`` and scikit-image's.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tome_harness import photos
+from tome_harness import trained_models as tm
+from tome_harness.comfyui import ROOT
+
+LAYOUTS = list(tm.LAYOUTS)
+# The class of each layout's network in ComfyUI, where the trained weights must land.
+NETWORKS = {"sd15": "UNetModel", "sdxl": "UNetModel", "sd35": "OpenAISignatureMMDITWrapper", "flux": "Flux",
+            "wan21": "WanModel"}
+
+
+def _bench():
+    """bench/quality_bench.py as a module (registered: its dataclasses look their module up)."""
+    if "quality_bench" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("quality_bench", ROOT / "bench" / "quality_bench.py")
+        sys.modules["quality_bench"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["quality_bench"])
+    return sys.modules["quality_bench"]
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_the_pixel_map_gives_every_photograph_back(name):
+    layout = tm.LAYOUTS[name]
+    pixels = photos.held_out_images(layout.pixels)
+    if layout.frames:
+        pixels = photos.held_out_clips(layout.pixels, layout.frames)
+    latent = tm.to_latent(pixels, layout)
+    assert latent.shape == tm.LAYOUTS[name].latent_shape(len(pixels))
+    torch.testing.assert_close(tm.to_pixels(latent, layout), pixels, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_each_trained_model_loads_into_comfyuis_class_and_beats_its_untrained_twin(comfy_nodes, name):
+    layout = tm.LAYOUTS[name]
+    model = tm.trained(layout)
+    network = model.model.diffusion_model
+    assert type(network).__name__ == NETWORKS[name] and type(network).__module__.startswith("comfy.ldm.")
+    held_out = tm.held_out_latents(layout)
+    trained = tm.held_out_error(model.model, layout, held_out)
+    untrained = tm.held_out_error(tm.untrained(layout).model, layout, held_out)
+    for percent in tm.EVAL_PERCENTS:
+        assert trained[percent]["model"] < 0.5 * untrained[percent]["model"], percent
+        assert trained[percent]["model"] < trained[percent]["noisy input"], percent
+
+
+def test_a_weights_file_that_does_not_match_its_hash_is_refused(comfy_nodes, tmp_path, monkeypatch):
+    layout = tm.LAYOUTS["sd15"]
+    (tmp_path / "sd15.safetensors").write_bytes(tm.weights_path(layout).read_bytes()[:-1] + b" ")
+    (tmp_path / "SHA256SUMS").write_text((tm.WEIGHTS / "SHA256SUMS").read_text())
+    monkeypatch.setattr(tm, "WEIGHTS", tmp_path)
+    with pytest.raises(RuntimeError, match="does not match its hash"):
+        tm.trained(layout)
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_training_mode_leaves_the_forward_bit_for_bit(comfy_nodes, name):
+    layout = tm.LAYOUTS[name]
+    model = tm.untrained(layout).model
+    x0 = tm.held_out_latents(layout)[:2]
+    sigma, noise = torch.tensor([1.0, 0.5]), torch.randn(x0.shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = tm.denoise(model, layout, x0, sigma, noise)
+        with tm.OutOfPlaceAdds():
+            rewritten = tm.denoise(model, layout, x0, sigma, noise)
+    torch.testing.assert_close(rewritten, plain, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["sd15", "flux"])
+def test_the_bench_tells_merging_from_pruning_the_same_tokens(comfy_nodes, pack, name):
+    """At ratio 0.5, averaging the merged tokens moves the x0 prediction less than dropping them, on every
+    held-out photograph."""
+    bench = _bench()
+    layout = tm.LAYOUTS[name]
+
+    class Pack:
+        models = pack.models
+
+    model = tm.trained(layout)
+    latents = tm.held_out_latents(layout)
+    by_name = {s.name: s for s in bench.settings()}
+
+    def prediction(setting):
+        patched = by_name[setting].patch(Pack, model, layout)
+        return model.model.process_latent_in(bench.predict_x0(patched, layout, latents, 0.5, seed=0))
+
+    none = prediction("none")
+    merged, pruned = bench.mse(prediction("ToMe 0.5"), none), bench.mse(prediction("prune 0.5"), none)
+    assert (merged > 0).all()  # the patch acted
+    assert (merged < pruned).all()
+
+
+@pytest.mark.slow
+def test_the_quality_bench_smoke_run_measures_every_setting(tmp_path):
+    out = tmp_path / "quality.json"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "quality_bench.py"), "--smoke", "--out", str(out)],
+                   check=True, cwd=ROOT, capture_output=True, timeout=900)
+    rows = json.loads(out.read_text())
+    bench = _bench()
+    expected = sum(1 for layout in tm.LAYOUTS.values() for s in bench.settings() if s.applies_to(layout))
+    assert len(rows) == expected
+    for row in rows:
+        assert row["x0 error 0.5"]["mean"] > 0
+        assert (row["x0 change 0.5"]["mean"] == 0) == (row["setting"] == "none")
+    none = [r for r in rows if r["setting"] == "none"]
+    assert all(r["img2img PSNR"]["mean"] == 100.0 for r in none)  # a setting compared with itself

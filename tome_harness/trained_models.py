@@ -1,0 +1,297 @@
+"""Small diffusion models of five real layouts, trained here on photographs, inside ComfyUI's own classes.
+
+No real weights can be had here, so the quality bench measures what each
+setting costs on these: SD1.5's and SDXL's U-Nets, SD3.5's MMDiT, Flux (double
+and single stream, RoPE) and Wan 2.1 (3D RoPE, video), built from ComfyUI's
+model configurations with small widths. Each keeps its family's block
+structure, positional encoding, patching and sampling (EPS on the U-Nets,
+rectified flow with the family's shift on the DiTs). SDXL's deep stacks are cut
+from 10 to 4 blocks to keep its weights under 10 MB; its levels, and the full
+resolution level without attention, are SDXL's.
+
+There is no VAE. ``to_latent`` is a fixed, invertible map: pixels in
+``[-1, 1]``, space-to-depth by ``pixel_factor`` (1 for the 4-channel U-Nets,
+2 for the 16-channel DiTs: 12 channels), zero channels up to the latent's. A
+latent of side ``s`` thus has the token grid a real model has for an image of
+``8 s`` pixels, and holds a photograph of ``pixel_factor * s`` pixels.
+
+Training goes through ``model.apply_model``, the host's own call, with the
+conditioning the sampler builds (``encode_model_conds``). ComfyUI's classes are
+written for inference and update tensors in place (``x += ...``), which
+autograd refuses where the old value is needed; ``out_of_place_adds`` turns
+those augmented assignments into new tensors while training. The prompt is a
+fixed "empty prompt" (seeded random text tokens): the models are unconditional
+denoisers of photographs. Needs ComfyUI on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from . import dit_models, random_models
+
+WEIGHTS = Path(__file__).resolve().parent / "weights"
+CONTEXT_DIM = 32
+CONTEXT_TOKENS = 4
+PROMPT_SEED = 1234
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One trained model: its ComfyUI configuration, its latent geometry and its training recipe."""
+
+    name: str
+    config_class: str  # the class in comfy.supported_models
+    config: dict
+    latent_channels: int
+    pixel_factor: int  # space-to-depth factor of the pixel map
+    size: int  # the latent's side, trained and measured
+    frames: int = 0  # latent frames of a video model (0: images)
+    pooled: int = 0  # width of the pooled text vector the model takes (0: none)
+    steps: int = 600
+    batch: int = 8
+    lr: float = 1e-3
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def pixels(self) -> int:
+        """The side of the photographs this model sees."""
+        return self.size * self.pixel_factor
+
+    @property
+    def is_unet(self) -> bool:
+        return self.config_class in ("SD15", "SDXL")
+
+    def latent_shape(self, batch: int) -> tuple[int, ...]:
+        if self.frames:
+            return (batch, self.latent_channels, self.frames, self.size, self.size)
+        return (batch, self.latent_channels, self.size, self.size)
+
+
+def _unet(family: str, **changes) -> dict:
+    return dict(random_models.UNET_CONFIGS[family], model_channels=32, context_dim=CONTEXT_DIM, **changes)
+
+
+LAYOUTS = {
+    layout.name: layout for layout in (
+        Layout("sd15", "SD15", _unet("sd15", channel_mult=[1, 2, 2, 2], num_heads=2), latent_channels=4,
+               pixel_factor=1, size=32, steps=600, batch=4),
+        Layout("sdxl", "SDXL", _unet("sdxl", channel_mult=[1, 2, 2], num_head_channels=16,
+                                     transformer_depth=[0, 0, 2, 2, 4, 4], transformer_depth_middle=4,
+                                     transformer_depth_output=[0, 0, 0, 2, 2, 2, 4, 4, 4]),
+               latent_channels=4, pixel_factor=1, size=64, pooled=1280, steps=600, batch=4),
+        Layout("sd35", "SD3", {  # SD3.5 medium's layout: joint blocks, the first two with the image-only attn2
+            "in_channels": 16, "patch_size": 2, "out_channels": 16, "depth": 3, "input_size": None,
+            "adm_in_channels": CONTEXT_DIM, "pos_embed_max_size": 16, "num_patches": 16 * 16, "qk_norm": "rms",
+            "context_embedder_config": {"target": "torch.nn.Linear",
+                                        "params": {"in_features": CONTEXT_DIM, "out_features": 192}},
+            "pos_embed_scaling_factor": None, "x_block_self_attn_layers": [0, 1],
+        }, latent_channels=16, pixel_factor=2, size=32, pooled=CONTEXT_DIM, steps=1200, batch=12),
+        Layout("flux", "Flux", {
+            "image_model": "flux", "in_channels": 16, "patch_size": 2, "out_channels": 16, "vec_in_dim": CONTEXT_DIM,
+            "context_in_dim": CONTEXT_DIM, "hidden_size": 128, "mlp_ratio": 3.0, "num_heads": 2, "depth": 2,
+            "depth_single_blocks": 3, "axes_dim": [16, 24, 24], "theta": 10000, "qkv_bias": True,
+            "guidance_embed": True,
+        }, latent_channels=16, pixel_factor=2, size=32, pooled=CONTEXT_DIM, steps=1500, batch=12),
+        Layout("wan21", "WAN21_T2V", {
+            "image_model": "wan2.1", "model_type": "t2v", "dim": 128, "out_dim": 16, "num_heads": 2, "ffn_dim": 384,
+            "num_layers": 4, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
+            "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16, "text_dim": CONTEXT_DIM,
+        }, latent_channels=16, pixel_factor=2, size=32, frames=5, steps=400, batch=4),
+    )
+}
+
+
+# The pixel map.
+
+def to_latent(pixels: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """Photographs ``[B, 3, H, W]`` (or clips ``[B, 3, T, H, W]``) in ``[0, 1]`` as the layout's latent:
+    ``[-1, 1]``, space-to-depth by ``pixel_factor``, zero channels up to ``latent_channels``."""
+    x = pixels * 2 - 1
+    video = x.ndim == 5
+    if video:  # frames into the batch
+        b, c, t, h, w = x.shape
+        x = x.transpose(1, 2).reshape(b * t, c, h, w)
+    x = F.pixel_unshuffle(x, layout.pixel_factor)
+    x = F.pad(x, (0, 0, 0, 0, 0, layout.latent_channels - x.shape[1]))
+    if video:
+        x = x.reshape(b, t, *x.shape[1:]).transpose(1, 2)
+    return x
+
+
+def to_pixels(latent: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """The inverse of ``to_latent`` (the zero channels dropped), clamped to ``[0, 1]``."""
+    video = latent.ndim == 5
+    x = latent
+    if video:
+        b, c, t, h, w = x.shape
+        x = x.transpose(1, 2).reshape(b * t, c, h, w)
+    x = F.pixel_shuffle(x[:, :3 * layout.pixel_factor ** 2], layout.pixel_factor)
+    if video:
+        x = x.reshape(b, t, *x.shape[1:]).transpose(1, 2)
+    return ((x + 1) / 2).clamp(0, 1)
+
+
+# The models.
+
+def empty_prompt(layout: Layout) -> list:
+    """The fixed conditioning every model is trained and sampled with, as ComfyUI's ``CONDITIONING``."""
+    generator = torch.Generator().manual_seed(PROMPT_SEED)
+    context = torch.randn(1, CONTEXT_TOKENS, CONTEXT_DIM, generator=generator)
+    extra = {"pooled_output": torch.randn(1, layout.pooled, generator=generator)} if layout.pooled else {}
+    return [[context, extra]]
+
+
+def model_config(layout: Layout, dtype: torch.dtype = torch.float32):
+    import comfy.supported_models
+
+    config = dict(layout.config, dtype=dtype) if layout.is_unet else dict(layout.config)
+    model_config = getattr(comfy.supported_models, layout.config_class)(config)
+    model_config.set_inference_dtype(dtype, None)
+    return model_config
+
+
+def untrained(layout: Layout):
+    """A ComfyUI ``ModelPatcher`` of ``layout`` with the seeded initial weights training starts from."""
+    import comfy.model_patcher
+
+    model = model_config(layout).get_model({}, device="cpu")
+    net = model.diffusion_model
+    random_models.randomize(net, layout.seed)
+    dit_models.fill_norm_scales(net)
+    dit_models.fill_position_embedding(net, layout.seed)
+    model.eval().requires_grad_(False)  # training turns it on
+    device = torch.device("cpu")
+    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
+
+
+def weights_path(layout: Layout) -> Path:
+    return WEIGHTS / f"{layout.name}.safetensors"
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def recorded_hashes() -> dict[str, str]:
+    """``SHA256SUMS`` beside the weights: file name to hash."""
+    lines = (WEIGHTS / "SHA256SUMS").read_text().splitlines()
+    return {name.strip(): digest for digest, name in (line.split(maxsplit=1) for line in lines if line.strip())}
+
+
+def trained(layout: Layout):
+    """A ComfyUI ``ModelPatcher`` of ``layout`` with its committed weights, loaded the way ``UNETLoader`` loads
+    a diffusion model's state dict (``get_model`` then ``load_model_weights``, in float32 on the CPU), after
+    checking the file against its recorded hash."""
+    import comfy.model_patcher
+    import comfy.utils
+
+    path = weights_path(layout)
+    digest = recorded_hashes().get(path.name)
+    if digest != sha256(path):
+        raise RuntimeError(f"{path} does not match its hash in SHA256SUMS: rerun bench/train_models.py")
+    state_dict = {k: v.float() for k, v in comfy.utils.load_torch_file(str(path)).items()}
+    model = model_config(layout).get_model(state_dict, "", device="cpu")
+    model.load_model_weights(state_dict, "")
+    model.eval().requires_grad_(False)
+    device = torch.device("cpu")
+    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
+
+
+def model_kwargs(model, layout: Layout, noise: torch.Tensor) -> dict:
+    """What the sampler passes to ``model.apply_model`` for the empty prompt and a batch like ``noise``."""
+    import comfy.sampler_helpers
+    import comfy.samplers
+
+    conds = comfy.samplers.encode_model_conds(model.extra_conds, comfy.sampler_helpers.convert_cond(
+        empty_prompt(layout)), noise, noise.device, "positive")
+    return {name: cond.process_cond(batch_size=noise.shape[0], device=noise.device).cond
+            for name, cond in conds[0]["model_conds"].items()}
+
+
+class OutOfPlaceAdds(TorchFunctionMode):
+    """In-place ``add_``, ``sub_`` and ``mul_`` as new tensors: ComfyUI's inference code writes ``x += y`` on
+    tensors autograd still needs. Python's ``x += y`` calls ``add_`` and rebinds ``x`` to its result, so the
+    math is kept; ``x[a:b] += y`` writes the new value back through ``__setitem__``, which autograd allows.
+    An explicit ``x.add_(y)`` whose result is dropped would be lost: the tests check that a forward under this
+    mode equals a plain one, bit for bit, for every layout."""
+
+    REPLACEMENTS = {torch.Tensor.add_: torch.Tensor.add, torch.Tensor.sub_: torch.Tensor.sub,
+                    torch.Tensor.mul_: torch.Tensor.mul}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return self.REPLACEMENTS.get(func, func)(*args, **(kwargs or {}))
+
+
+def sigmas_at(model, percents) -> torch.Tensor:
+    """The model's own sigmas at these shares of its schedule (0: pure noise, 1: clean)."""
+    sampling = model.model_sampling
+    return torch.tensor([sampling.percent_to_sigma(float(p)) for p in percents])
+
+
+def denoise(model, layout: Layout, x0: torch.Tensor, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """``x0`` noised to ``sigma`` (per element) by the model's own noising, then the model's x0 prediction."""
+    noisy = model.model_sampling.noise_scaling(sigma.view(-1, *[1] * (x0.ndim - 1)), noise, x0)
+    return model.apply_model(noisy, sigma, **model_kwargs(model, layout, noise))
+
+
+def loss(model, layout: Layout, x0: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The family's own objective: ``|x0_pred - x0|^2 / sigma^2`` is the noise error of an EPS model and the
+    velocity error of a rectified-flow one; sigmas drawn uniformly over the model's schedule."""
+    percents = torch.rand(x0.shape[0], generator=generator) * 0.998 + 0.001
+    sigma = sigmas_at(model, percents)
+    noise = torch.randn(x0.shape, generator=generator)
+    with OutOfPlaceAdds():
+        predicted = denoise(model, layout, x0, sigma, noise)
+    error = (predicted - x0).square().flatten(1).mean(1)
+    return (error / sigma.square()).mean()
+
+
+EVAL_PERCENTS = (0.25, 0.5, 0.75)  # three noise levels: high, middle, low
+
+
+@torch.no_grad()
+def held_out_error(model, layout: Layout, x0: torch.Tensor, seed: int = 0) -> dict[float, dict[str, float]]:
+    """Per noise level (a share of the schedule): the mean squared x0 error of the model and of the noisy input
+    itself, over the held-out latents ``x0``, with fixed noise."""
+    out = {}
+    for percent in EVAL_PERCENTS:
+        generator = torch.Generator().manual_seed(seed)
+        noise = torch.randn(x0.shape, generator=generator)
+        sigma = sigmas_at(model, [percent] * x0.shape[0])
+        noisy = model.model_sampling.noise_scaling(sigma.view(-1, *[1] * (x0.ndim - 1)), noise, x0)
+        predicted = model.apply_model(noisy, sigma, **model_kwargs(model, layout, noise))
+        out[percent] = {"model": float((predicted - x0).square().mean()),
+                        "noisy input": float((noisy - x0).square().mean()), "sigma": float(sigma[0])}
+    return out
+
+
+def held_out_latents(layout: Layout) -> torch.Tensor:
+    from . import photos
+
+    if layout.frames:
+        return to_latent(photos.held_out_clips(layout.pixels, layout.frames), layout)
+    return to_latent(photos.held_out_images(layout.pixels), layout)
+
+
+def training_batch(sampler, layout: Layout) -> torch.Tensor:
+    if layout.frames:
+        return to_latent(sampler.clips(layout.batch, layout.frames), layout)
+    return to_latent(sampler.batch(layout.batch), layout)
+
+
+def lr_at(layout: Layout, step: int) -> float:
+    """A short warm-up, then cosine decay to a tenth."""
+    warmup = max(layout.steps // 20, 1)
+    if step < warmup:
+        return layout.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(layout.steps - warmup, 1)
+    return layout.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
