@@ -10,6 +10,11 @@ Models (ComfyUI's own classes, configurations as ComfyUI detects the real checkp
   hunyuan HunyuanVideo (13B: width 3072, 24 heads; 20 double and 40 single blocks; ``--blocks``: that many
           double blocks alone, whose joint attention over every token the single blocks repeat) at
           480x832 x ``--frames`` (33: 9 x 30 x 52 = 14040 video tokens, then 256 text tokens)
+  wan22animate  Wan 2.2 Animate 14B (40 blocks of width 5120, 40 heads) at 480x832 x ``--frames`` (81: the
+          reference frame, then 21 video frames: 22 x 30 x 52 = 34320 tokens), as WanAnimateToVideo feeds it
+          (i2v's concat of 4 mask and 16 image channels over every frame, pose latents over the video's, CLIP
+          vision's 257 tokens beside 512 text tokens); no face video (optional; its adapter, run after blocks
+          0, 5, 10, ..., has a layer per 5 blocks: none with fewer)
   ltxv    LTX-Video 2B (28 blocks of width 2048, 32 heads) at 480x832 x ``--frames`` (33: 5 latent frames of
           15 x 26, one token each: 1950 video tokens), 128 text tokens for cross-attention
   tiny    each of the test models of ``tome_harness.dit_models`` at a 32x32 latent: a smoke check on the CPU
@@ -24,6 +29,7 @@ no-patch one): the limit the reduction could reach with free pooling and merging
 
     .venv/bin/python bench/dit_bench.py --model sd35m wan13b            # on a GPU: bf16, PyTorch SDPA
     .venv/bin/python bench/dit_bench.py --model hunyuan ltxv --frames 33 --blocks 1 --ratio 0.75 --merge kv
+    .venv/bin/python bench/dit_bench.py --model wan22animate --frames 81 --blocks 1 --ratio 0.75 --merge kv
     .venv/bin/python bench/dit_bench.py --model tiny --dtype fp32 --repeats 1
 """
 
@@ -59,6 +65,9 @@ class Case:
     latent: tuple[int, ...]
     text: tuple[int, int]  # context tokens and width
     conds: dict = field(default_factory=dict)  # name -> shape of a zero tensor
+    # Zero conds over the latent's frames: name -> (channels, frames fewer than the latent's).
+    frame_conds: dict = field(default_factory=dict)
+    reference_frames: int = 0  # latent frames ahead of the video's (Wan 2.2 Animate's reference image)
 
 
 REAL_CASES = {
@@ -80,13 +89,19 @@ REAL_CASES = {
         "guidance_embed": True, "byt5": False, "meanflow": False, "use_cond_type_embedding": False,
         "vision_in_dim": None,
     }, (1, 16, 5, 60, 104), (256, 4096), {"y": (1, 768), "guidance": (1,)}),
+    "wan22animate": Case("wan22animate", "WAN22_Animate", {
+        "image_model": "wan2.1", "model_type": "animate", "dim": 5120, "out_dim": 16, "num_heads": 40,
+        "ffn_dim": 13824, "num_layers": 40, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1),
+        "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6, "in_dim": 36,
+    }, (1, 16, 6, 60, 104), (512, 4096), {"clip_fea": (1, 257, 1280)},
+        frame_conds={"c_concat": (20, 0), "pose_latents": (16, 1)}, reference_frames=1),
     "ltxv": Case("ltxv", "LTXV", {
         "image_model": "ltxv", "in_channels": 128, "cross_attention_dim": 2048, "attention_head_dim": 64,
         "num_attention_heads": 32, "caption_channels": 4096, "num_layers": 28,
     }, (1, 128, 3, 15, 26), (128, 4096), {"attention_mask": None}),
 }
 # Latent frames of a video of n frames: Wan and HunyuanVideo's VAEs compress time 4x, LTX-Video's 8x (n = 8k + 1).
-TIME_COMPRESSION = {"wan13b": 4, "hunyuan": 4, "ltxv": 8}
+TIME_COMPRESSION = {"wan13b": 4, "hunyuan": 4, "wan22animate": 4, "ltxv": 8}
 FLUX_CONFIG = {
     "image_model": "flux", "in_channels": 16, "patch_size": 2, "out_channels": 16, "vec_in_dim": 768,
     "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "axes_dim": [16, 56, 56],
@@ -120,8 +135,8 @@ def cases_of(args) -> list[Case]:
         elif name in TIME_COMPRESSION:
             video = REAL_CASES[name]
             cases += [with_blocks(dataclasses.replace(video, name=f"{name}-{n}f", latent=(
-                *video.latent[:2], (n - 1) // TIME_COMPRESSION[name] + 1, *video.latent[3:])), args.blocks)
-                for n in args.frames]
+                *video.latent[:2], (n - 1) // TIME_COMPRESSION[name] + 1 + video.reference_frames,
+                *video.latent[3:])), args.blocks) for n in args.frames]
         elif name == "flux":
             double, single = args.flux_blocks
             config = dict(FLUX_CONFIG, depth=double, depth_single_blocks=single)
@@ -230,6 +245,9 @@ def make_inputs(case: Case, dtype: torch.dtype, device: torch.device):
     context = torch.randn(1, *case.text, generator=generator).to(device, dtype)
     conds = {name: (value if value is None or isinstance(value, int)
                     else torch.zeros(value, device=device, dtype=dtype)) for name, value in case.conds.items()}
+    for name, (channels, fewer) in case.frame_conds.items():  # [B, C, T, H, W], as the latent
+        batch, _, frames, height, width = case.latent
+        conds[name] = torch.zeros(batch, channels, frames - fewer, height, width, device=device, dtype=dtype)
     return x, torch.tensor([0.7], device=device), context, conds
 
 
@@ -290,9 +308,10 @@ def main() -> None:
     parser.add_argument("--model", nargs="+", choices=[*REAL_CASES, "flux", "tiny"], default=["sd35m", "wan13b"],
                         help="which models (see the module docstring)")
     parser.add_argument("--frames", type=int, nargs="+", default=[17],
-                        help="wan13b, hunyuan, ltxv: video lengths in frames")
+                        help="wan13b, hunyuan, wan22animate, ltxv: video lengths in frames")
     parser.add_argument("--blocks", type=int,
-                        help="sd35m, wan13b, ltxv: run only this many of the model's blocks (hunyuan: double blocks)")
+                        help="sd35m, wan13b, wan22animate, ltxv: run only this many of the model's blocks "
+                             "(hunyuan: double blocks)")
     parser.add_argument("--px", type=int, nargs="+", default=[1024], help="flux: image sizes in pixels")
     parser.add_argument("--flux-blocks", type=int, nargs=2, default=[2, 4], metavar=("DOUBLE", "SINGLE"),
                         help="flux: how many double and single blocks (the real model has 19 and 38)")
