@@ -244,6 +244,40 @@ def bench_layout(pack, layout: tm.Layout, run: Run, photographs: torch.Tensor, c
     return rows
 
 
+# Why a setting costs what it costs.
+
+def attention_locality(model, layout: tm.Layout, latents: torch.Tensor) -> dict[str, float]:
+    """How local the model's image self-attention is, over one x0 prediction at half the schedule: the
+    attention mass a query puts on its own key and on its 3x3 neighbourhood (a video's first frame), averaged
+    over queries, heads, photographs and the calls whose queries and keys end with the image (every DiT layout
+    measured here: the image is the last tokens of each sequence that holds it). ToDo's ``nearest`` keeps one
+    key in four: it costs most where this mass is high."""
+    patch = layout.config["patch_size"]
+    side = layout.size // (patch[-1] if isinstance(patch, (tuple, list)) else patch)
+    n_image, frames = side * side, max(layout.frames, 1)
+    rows, cols = torch.arange(n_image) // side, torch.arange(n_image) % side
+    near = ((rows[:, None] - rows).abs() <= 1) & ((cols[:, None] - cols).abs() <= 1)
+    masses = []
+
+    def heads_major(t, heads, skip_reshape):
+        return t if skip_reshape else t.reshape(*t.shape[:2], heads, -1).transpose(1, 2)
+
+    def recorder(func, q, k, v, heads, *args, **kwargs):
+        q_, k_ = (heads_major(t, heads, kwargs.get("skip_reshape", False)) for t in (q, k))
+        if q_.shape[2] == k_.shape[2] >= n_image * frames:  # self-attention over the image
+            start = q_.shape[2] - n_image * frames
+            scores = q_[:, :, start:start + n_image] @ k_.transpose(-1, -2) / q_.shape[-1] ** 0.5
+            image = scores.float().softmax(-1)[..., start:start + n_image]
+            masses.append((float(image.diagonal(dim1=-2, dim2=-1).mean()), float((image * near).sum(-1).mean())))
+        return func(q, k, v, heads, *args, **kwargs)
+
+    recording = model.clone()
+    recording.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = recorder
+    predict_x0(recording, layout, latents, 0.5, seed=0)
+    return {"own key": statistics.fmean(m[0] for m in masses), "3x3": statistics.fmean(m[1] for m in masses),
+            "uniform 3x3": 9 / (n_image * frames), "calls": len(masses)}
+
+
 # Reports.
 
 def cell(figure: dict, digits: int) -> str:
@@ -318,6 +352,8 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="one photograph, one seed, one noise level, 2 steps")
     parser.add_argument("--out", type=Path, help="write the JSON rows here")
     parser.add_argument("--picture", type=Path, help="also draw the README's picture here (PNG)")
+    parser.add_argument("--locality", action="store_true",
+                        help="instead: how local each DiT's image self-attention is (what ToDo nearest costs)")
     args = parser.parse_args(argv)
     nodes = comfyui_host.boot_in_process(Path(tempfile.mkdtemp()) / "custom_nodes", attention="sdpa")
 
@@ -327,6 +363,12 @@ def main(argv=None) -> int:
 
     chosen = [s for s in settings() if args.setting is None or s.name in args.setting]
     layouts = [tm.LAYOUTS[name] for name in args.layout or tm.LAYOUTS]
+    if args.locality:
+        print("| model | attention on the own key | on the 3x3 neighbourhood | 3x3 if uniform |\n|---|---|---|---|")
+        for layout in (layout for layout in layouts if not layout.is_unet):
+            found = attention_locality(tm.trained(layout), layout, tm.held_out_latents(layout))
+            print(f"| {layout.name} | {found['own key']:.3f} | {found['3x3']:.3f} | {found['uniform 3x3']:.3f} |")
+        return 0
     rows = []
     for layout in layouts:
         count = 1 if args.smoke else len(photos.HELD_OUT)

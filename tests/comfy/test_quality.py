@@ -102,6 +102,19 @@ def test_the_bench_tells_merging_from_pruning_the_same_tokens(comfy_nodes, pack,
     assert (merged < pruned).all()
 
 
+def test_the_trained_flux_attends_locally_and_sd35_and_wan_do_not(comfy_nodes):
+    """Why ToDo's nearest pooling costs the Flux layout most (docs/QUALITY.md): its image queries put several
+    times the uniform share of their attention on their 3x3 neighbourhood, which nearest thins to one key in
+    four; SD3.5's and Wan's spread theirs about evenly."""
+    bench = _bench()
+    local = {name: bench.attention_locality(tm.trained(tm.LAYOUTS[name]), tm.LAYOUTS[name],
+                                            tm.held_out_latents(tm.LAYOUTS[name])[:1])
+             for name in ("flux", "sd35", "wan21")}
+    assert local["flux"]["3x3"] > 3 * local["flux"]["uniform 3x3"]
+    for name in ("sd35", "wan21"):
+        assert local[name]["3x3"] < 1.5 * local[name]["uniform 3x3"], name
+
+
 @pytest.mark.slow
 def test_the_quality_bench_smoke_run_measures_every_setting(tmp_path):
     out = tmp_path / "quality.json"
