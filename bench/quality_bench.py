@@ -179,7 +179,7 @@ def spread(values: list[float]) -> dict[str, float]:
 
 @dataclass
 class Run:
-    """What one layout's bench needs: the sizes of this run and the unpatched references."""
+    """The sizes of one run: the sampling steps, the held-out latents, the seeds and the noise levels."""
 
     steps: int
     photos: torch.Tensor  # model-space latents of the held-out photographs
@@ -205,7 +205,7 @@ def outputs(model, layout: tm.Layout, run: Run) -> dict[str, torch.Tensor]:
     return out
 
 
-def measures(layout: tm.Layout, run: Run, got: dict, reference: dict, photographs: torch.Tensor) -> dict:
+def measures(run: Run, got: dict, reference: dict, photographs: torch.Tensor) -> dict:
     """One setting's figures against the unpatched ``reference`` outputs, each with its spread."""
     row = {}
     for percent in run.percents:
@@ -238,8 +238,7 @@ def bench_layout(pack, layout: tm.Layout, run: Run, photographs: torch.Tensor, c
     rows = []
     for setting in chosen:
         got = reference if setting.name == "none" else outputs(setting.patch(pack, model, layout), layout, run)
-        rows.append({"layout": layout.name, "setting": setting.name, **measures(layout, run, got, reference,
-                                                                                 photographs)})
+        rows.append({"layout": layout.name, "setting": setting.name, **measures(run, got, reference, photographs)})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
