@@ -18,6 +18,15 @@ from .random_models import randomize
 # fitting the RoPE axes). The text width is the ``context_dim`` of the test conditioning.
 CONTEXT_DIM = 32
 
+
+def wan_config(model_type: str, **changes) -> dict:
+    """ComfyUI's Wan 2.x configuration of ``model_type`` (``t2v``, ``i2v``, ``vace``, ...), narrowed to width 64,
+    two heads and two layers, with the variant's ``changes`` (its input channels, its extra layers)."""
+    return {"image_model": "wan2.1", "model_type": model_type, "dim": 64, "out_dim": 16, "num_heads": 2,
+            "ffn_dim": 128, "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1),
+            "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16, "text_dim": CONTEXT_DIM, **changes}
+
+
 DIT_CONFIGS = {
     "flux": ("Flux", {
         "image_model": "flux", "in_channels": 16, "patch_size": 2, "out_channels": 16, "vec_in_dim": CONTEXT_DIM,
@@ -31,17 +40,9 @@ DIT_CONFIGS = {
                                     "params": {"in_features": CONTEXT_DIM, "out_features": 128}},
         "pos_embed_scaling_factor": None, "x_block_self_attn_layers": [0],
     }),
-    "wan21": ("WAN21_T2V", {
-        "image_model": "wan2.1", "model_type": "t2v", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
-        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
-        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16, "text_dim": CONTEXT_DIM,
-    }),
+    "wan21": ("WAN21_T2V", wan_config("t2v")),
     # Wan 2.1 Fun: Fun's reference image enters as one frame of tokens ahead of the video (ref_conv).
-    "wan21_fun": ("WAN21_T2V", {
-        "image_model": "wan2.1", "model_type": "t2v", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
-        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
-        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16, "text_dim": CONTEXT_DIM, "in_dim_ref_conv": 16,
-    }),
+    "wan21_fun": ("WAN21_T2V", wan_config("t2v", in_dim_ref_conv=16)),
     "qwen_image": ("QwenImage", {
         "image_model": "qwen_image", "in_channels": 64, "out_channels": 16, "num_layers": 2,
         "attention_head_dim": 32, "num_attention_heads": 2, "joint_attention_dim": CONTEXT_DIM,
@@ -83,24 +84,11 @@ DIT_CONFIGS = {
         "num_attention_heads": 2, "caption_channels": CONTEXT_DIM, "num_layers": 2,
     }),
     # Wan 2.2 TI2V-5B: 48 latent channels (its VAE compresses 16x16 spatially), the same 1x2x2 patches.
-    "wan22_5b": ("WAN22_T2V", {
-        "image_model": "wan2.1", "model_type": "t2v", "dim": 64, "out_dim": 48, "num_heads": 2,
-        "ffn_dim": 128, "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1),
-        "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6, "in_dim": 48, "text_dim": CONTEXT_DIM,
-    }),
+    "wan22_5b": ("WAN22_T2V", wan_config("t2v", out_dim=48, in_dim=48)),
     # Wan 2.1 image-to-video: the image enters as channels; CLIP vision tokens are a second cross-attention.
-    "wan21_i2v": ("WAN21_I2V", {
-        "image_model": "wan2.1", "model_type": "i2v", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
-        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
-        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 36, "text_dim": CONTEXT_DIM,
-    }),
+    "wan21_i2v": ("WAN21_I2V", wan_config("i2v", in_dim=36)),
     # VACE: control blocks run self-attention on the control video's tokens, as many as the video's.
-    "wan21_vace": ("WAN21_Vace", {
-        "image_model": "wan2.1", "model_type": "vace", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
-        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
-        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16, "text_dim": CONTEXT_DIM,
-        "vace_layers": 1, "vace_in_dim": 96,
-    }),
+    "wan21_vace": ("WAN21_Vace", wan_config("vace", vace_layers=1, vace_in_dim=96)),
     "cosmos_predict2": ("CosmosT2IPredict2", {
         "image_model": "cosmos_predict2", "max_img_h": 240, "max_img_w": 240, "max_frames": 128, "in_channels": 16,
         "out_channels": 16, "patch_spatial": 2, "patch_temporal": 1, "model_channels": 64,
@@ -144,23 +132,11 @@ DIT_CONFIGS = {
     }),
     # Wan 2.2 Animate: i2v's channels (latent, mask, concat image), pose latents added to the video's patches,
     # a face adapter every 5 blocks (none at this depth: the face video is not used in the tests).
-    "wan22_animate": ("WAN22_Animate", {
-        "image_model": "wan2.1", "model_type": "animate", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
-        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
-        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 36, "text_dim": CONTEXT_DIM,
-    }),
+    "wan22_animate": ("WAN22_Animate", wan_config("animate", in_dim=36)),
     # Wan 2.2 S2V: reference and motion tokens after the video, audio injected after the blocks.
-    "wan22_s2v": ("WAN22_S2V", {
-        "image_model": "wan2.1", "model_type": "s2v", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
-        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
-        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16, "text_dim": CONTEXT_DIM,
-    }),
+    "wan22_s2v": ("WAN22_S2V", wan_config("s2v")),
     # HuMo 17B: the reference latent's tokens after the video, an audio cross-attention in every block.
-    "wan21_humo": ("WAN21_HuMo", {
-        "image_model": "wan2.1", "model_type": "humo", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
-        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
-        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 36, "text_dim": CONTEXT_DIM,
-    }),
+    "wan21_humo": ("WAN21_HuMo", wan_config("humo", in_dim=36)),
     # Mochi: 12-channel latent, joint attention of the video with its T5 text. Its code asserts the video MLP's
     # width of the real model (hidden_size_x * mlp_ratio_x == 1536 * 8), kept at this width by the ratio.
     "mochi": ("GenmoMochi", {
@@ -184,11 +160,7 @@ DIT_CONFIGS = {
     }),
     # Wan 2.2 Fun Control A14B: the control video, a mask and the start image as channels after the latent's
     # (16 + 16 + 4 + 16); Fun's reference image as one frame of tokens ahead of the video (ref_conv).
-    "wan22_fun_control": ("WAN21_T2V", {
-        "image_model": "wan2.1", "model_type": "t2v", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
-        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
-        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 52, "text_dim": CONTEXT_DIM, "in_dim_ref_conv": 16,
-    }),
+    "wan22_fun_control": ("WAN21_T2V", wan_config("t2v", in_dim=52, in_dim_ref_conv=16)),
 }
 FAMILIES = ("flux", "sd3", "wan21", "qwen_image", "lumina2")  # one model of each first-wave family
 # The second wave: video models, Wan's variants and Flux's descendants, HiDream and Cosmos.
