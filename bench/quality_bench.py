@@ -226,12 +226,6 @@ def measures(run: Run, got: dict, reference: dict, photographs: torch.Tensor) ->
     return row
 
 
-def held_out_pixels(layout: tm.Layout, count: int) -> torch.Tensor:
-    if layout.frames:
-        return photos.held_out_clips(layout.pixels, layout.frames)[:count]
-    return photos.held_out_images(layout.pixels)[:count]
-
-
 def bench_layout(pack, layout: tm.Layout, run: Run, photographs: torch.Tensor, chosen: list[Setting]) -> list[dict]:
     model = tm.trained(layout)
     reference = outputs(model, layout, run)
@@ -319,7 +313,7 @@ def picture(pack, path: Path, layouts: list[tm.Layout], names=("none", "ToMe 0.5
         draw.text((70 + i * tile + 4, 0), name.replace("core TomePatchModel", "core"), fill="black")
     for row, layout in enumerate(layouts):
         model = tm.trained(layout)
-        photo = held_out_pixels(layout, 1)
+        photo = tm.held_out_pixels(layout)[:1]
         latent = tm.to_latent(photo, layout)
         y = label + row * (tile + label)
         draw.text((4, y + tile // 2), layout.name, fill="black")
@@ -371,7 +365,7 @@ def main(argv=None) -> int:
     rows = []
     for layout in layouts:
         count = 1 if args.smoke else len(photos.HELD_OUT)
-        pixels = held_out_pixels(layout, count)
+        pixels = tm.held_out_pixels(layout)[:count]
         run = Run(steps=2 if args.smoke else STEPS, photos=tm.to_latent(pixels, layout),
                   noise_seeds=NOISE_SEEDS[:1] if args.smoke else NOISE_SEEDS,
                   sample_seeds=SAMPLE_SEEDS[:1] if args.smoke else SAMPLE_SEEDS,

@@ -237,10 +237,14 @@ def sigmas_at(model, percents) -> torch.Tensor:
     return torch.tensor([sampling.percent_to_sigma(float(p)) for p in percents])
 
 
+def noised(model, x0: torch.Tensor, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """``x0`` noised to ``sigma`` (per element) by the model's own noising."""
+    return model.model_sampling.noise_scaling(sigma.view(-1, *[1] * (x0.ndim - 1)), noise, x0)
+
+
 def denoise(model, layout: Layout, x0: torch.Tensor, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """``x0`` noised to ``sigma`` (per element) by the model's own noising, then the model's x0 prediction."""
-    noisy = model.model_sampling.noise_scaling(sigma.view(-1, *[1] * (x0.ndim - 1)), noise, x0)
-    return model.apply_model(noisy, sigma, **model_kwargs(model, layout, noise))
+    """``x0`` noised to ``sigma`` (per element), then the model's x0 prediction."""
+    return model.apply_model(noised(model, x0, sigma, noise), sigma, **model_kwargs(model, layout, noise))
 
 
 def loss(model, layout: Layout, x0: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -267,19 +271,24 @@ def held_out_error(model, layout: Layout, x0: torch.Tensor, seed: int = 0) -> di
         generator = torch.Generator().manual_seed(seed)
         noise = torch.randn(x0.shape, generator=generator)
         sigma = sigmas_at(model, [percent] * x0.shape[0])
-        noisy = model.model_sampling.noise_scaling(sigma.view(-1, *[1] * (x0.ndim - 1)), noise, x0)
+        noisy = noised(model, x0, sigma, noise)
         predicted = model.apply_model(noisy, sigma, **model_kwargs(model, layout, noise))
         out[percent] = {"model": float((predicted - x0).square().mean()),
                         "noisy input": float((noisy - x0).square().mean()), "sigma": float(sigma[0])}
     return out
 
 
-def held_out_latents(layout: Layout) -> torch.Tensor:
+def held_out_pixels(layout: Layout) -> torch.Tensor:
+    """The held-out photographs as ``layout`` sees them: ``[N, 3, H, W]``, or clips ``[N, 3, T, H, W]``."""
     from . import photos
 
     if layout.frames:
-        return to_latent(photos.held_out_clips(layout.pixels, layout.frames), layout)
-    return to_latent(photos.held_out_images(layout.pixels), layout)
+        return photos.held_out_clips(layout.pixels, layout.frames)
+    return photos.held_out_images(layout.pixels)
+
+
+def held_out_latents(layout: Layout) -> torch.Tensor:
+    return to_latent(held_out_pixels(layout), layout)
 
 
 def training_batch(sampler, layout: Layout) -> torch.Tensor:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import sys
 from dataclasses import dataclass
 
 import torch
+
+from tome_harness.comfyui import ROOT
 
 
 def forward(model, x, sigma, context, **conds):
@@ -113,3 +117,13 @@ def sd15_level(name: str) -> int:
     if part == "input_blocks":
         return 2 ** (index // 3)
     return 2 ** (3 - index // 3)
+
+
+def load_bench(name: str):
+    """``bench/<name>.py`` as a module, registered under ``name`` (its dataclasses look their module up there);
+    loaded once per session."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]

@@ -1,6 +1,5 @@
 """The benchmarks' code runs (tiny sizes, no timing asserted): CI catches a broken benchmark early."""
 
-import importlib.util
 import json
 import subprocess
 
@@ -9,6 +8,7 @@ import torch
 from helpers import (
     expected_tokens,
     forward,
+    load_bench,
     loaded,
     random_context,
     random_latent,
@@ -21,15 +21,8 @@ from tome_harness import random_models
 from tome_harness.comfyui import ROOT
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_merge_bench_runs_and_writes_its_table(tmp_path, monkeypatch):
-    bench = _load("merge_bench")
+    bench = load_bench("merge_bench")
     monkeypatch.setattr(bench, "SIZES", [(256, 8), (1024, 16)])
     rows = bench.run(repeats=1)
     assert [r["tokens"] for r in rows] == [256, 1024]
@@ -38,7 +31,7 @@ def test_merge_bench_runs_and_writes_its_table(tmp_path, monkeypatch):
 
 
 def test_unet_bench_variants_cut_the_same_tokens_and_plot(comfy_nodes, pack, tmp_path):
-    bench = _load("unet_bench")
+    bench = load_bench("unet_bench")
     model = random_models.build_unet_model("sd15", channels=32, context_dim=32)
     models = bench.variants(pack.nodes, comfy_nodes.NODE_CLASS_MAPPINGS["TomePatchModel"], model, 0.5, 1, (2, 3),
                             scope_downsamples=(1, 2))
@@ -72,7 +65,7 @@ def test_unet_bench_variants_cut_the_same_tokens_and_plot(comfy_nodes, pack, tmp
 
 @pytest.mark.parametrize("ratio", [0.3, 0.7])
 def test_ideal_variant_restores_the_token_count(comfy_nodes, pack, ratio):
-    bench = _load("unet_bench")
+    bench = load_bench("unet_bench")
     attn1, attn1_output = bench.ideal_patches(ratio, 1)
     options = {"original_shape": [1, 4, 16, 16]}
     n = torch.randn(1, 256, 8)
@@ -82,7 +75,7 @@ def test_ideal_variant_restores_the_token_count(comfy_nodes, pack, ratio):
 
 
 def test_sampler_bench_runs_every_variant(comfy_nodes, pack):
-    bench = _load("sampler_bench")
+    bench = load_bench("sampler_bench")
     rows = bench.run(bench.parse_args(["--px", "64", "--steps", "2", "--reuse", "2"]), comfy_nodes)
     assert [r["variant"] for r in rows] == ["none", "core", "ours", "ours reuse 2"]
     assert rows[0]["distance"] == 0.0 and all(r["seconds"] > 0 for r in rows)
@@ -94,7 +87,7 @@ def _tiny_args(bench, *argv):
 
 
 def test_unet_bench_fast_variant_is_the_readme_setting(comfy_nodes, pack, sd15, sdxl):
-    bench = _load("unet_bench")
+    bench = load_bench("unet_bench")
     core_cls = comfy_nodes.NODE_CLASS_MAPPINGS["TomePatchModel"]
     for model, same_as in ((sd15, "self+cross-ds2"), (sdxl, "all-ds4")):
         models = bench.variants(pack.unet, core_cls, model, 0.5, 1, fixed=("fast",), scope_downsamples=(2, 4))
@@ -107,7 +100,7 @@ def test_unet_bench_fast_variant_is_the_readme_setting(comfy_nodes, pack, sd15, 
 
 
 def test_ideal_fast_runs_every_block_of_the_fast_setting_on_n_minus_r_tokens(comfy_nodes, pack, sd15, sdxl):
-    bench = _load("unet_bench")
+    bench = load_bench("unet_bench")
     core_cls = comfy_nodes.NODE_CLASS_MAPPINGS["TomePatchModel"]
     x, context = random_latent(1, 16, 16), random_context(1)
     # a 16 x 16 latent: 256 / d^2 tokens at downsample d; the fast setting reaches 2 (SD1.5) and 4 (SDXL)
@@ -129,7 +122,7 @@ def test_ideal_fast_runs_every_block_of_the_fast_setting_on_n_minus_r_tokens(com
 
 
 def test_unet_bench_batches_give_seconds_per_image(comfy_nodes):
-    bench = _load("unet_bench")
+    bench = load_bench("unet_bench")
     args = _tiny_args(bench, "--px", "64", "--batch", "1", "2", "--variants", "ours-qkv", "--todo", "--repeats", "1",
                       "--memory", "in-process")
     rows = bench.run(args, comfy_nodes)
@@ -139,7 +132,7 @@ def test_unet_bench_batches_give_seconds_per_image(comfy_nodes):
 
 
 def test_unet_bench_repeats_0_times_only_the_memory_forward(comfy_nodes):
-    bench = _load("unet_bench")
+    bench = load_bench("unet_bench")
     args = _tiny_args(bench, "--px", "64", "--variants", "core", "--todo", "--repeats", "0", "--memory", "in-process")
     rows = bench.run(args, comfy_nodes)
     assert [r["variant"] for r in rows] == ["none", "core"]
@@ -148,7 +141,7 @@ def test_unet_bench_repeats_0_times_only_the_memory_forward(comfy_nodes):
 
 
 def test_memory_children_see_tome_shrink_attention_and_fail_cleanly_over_a_cap(comfy_nodes):
-    bench = _load("unet_bench")
+    bench = load_bench("unet_bench")
     args = _tiny_args(bench, "--px", "256", "--variants", "ours-qkv", "--todo", "--repeats", "0", "--memory", "child")
     none, ours = bench.run(args, comfy_nodes)
     assert (none["variant"], ours["variant"], none["attention"]) == ("none", "ours-qkv", "attention_sub_quad")
@@ -159,7 +152,7 @@ def test_memory_children_see_tome_shrink_attention_and_fail_cleanly_over_a_cap(c
 
 
 def test_cap_search_finds_the_largest_size_that_fits():
-    bench = _load("unet_bench")
+    bench = load_bench("unet_bench")
     sizes = list(range(512, 2049, 64))
     largest, tried = bench.largest_under_cap(lambda px: px <= 1000, sizes)
     assert largest == 960 and len(tried) <= 7
@@ -183,7 +176,7 @@ def test_gpu_table_smoke_runs_on_the_cpu(tmp_path):
 
 
 def test_sampler_bench_hires_times_the_second_pass(comfy_nodes):
-    bench = _load("sampler_bench")
+    bench = load_bench("sampler_bench")
     args = bench.parse_args(["--hires", "64", "128", "2", "--steps", "2", "--channels", "32", "--context-dim", "32",
                              "--repeats", "0"])
     rows = bench.run(args, comfy_nodes)
@@ -194,14 +187,14 @@ def test_sampler_bench_hires_times_the_second_pass(comfy_nodes):
 
 
 def test_sampler_bench_hires_runs_only_the_variants_asked_for(comfy_nodes):
-    bench = _load("sampler_bench")
+    bench = load_bench("sampler_bench")
     args = bench.parse_args(["--hires", "64", "128", "1", "--steps", "1", "--channels", "32", "--context-dim", "32",
                              "--repeats", "0", "--variants", "fast"])
     assert [r["variant"] for r in bench.run(args, comfy_nodes)] == ["none", "fast"]
 
 
 def test_sampler_bench_variants_needs_hires(capsys):
-    bench = _load("sampler_bench")
+    bench = load_bench("sampler_bench")
     with pytest.raises(SystemExit):
         bench.parse_args(["--variants", "ours"])
     err = capsys.readouterr().err

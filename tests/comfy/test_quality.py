@@ -4,15 +4,14 @@ The models are the committed ones (``tome_harness/weights``), loaded into ComfyU
 trained or downloaded here. The photographs are Debian's ``mate-backgrounds`` and scikit-image's.
 """
 
-import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
 import torch
+from helpers import load_bench
 
-from tome_harness import photos
 from tome_harness import trained_models as tm
 from tome_harness.comfyui import ROOT
 
@@ -22,21 +21,10 @@ NETWORKS = {"sd15": "UNetModel", "sdxl": "UNetModel", "sd35": "OpenAISignatureMM
             "wan21": "WanModel"}
 
 
-def _bench():
-    """bench/quality_bench.py as a module (registered: its dataclasses look their module up)."""
-    if "quality_bench" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("quality_bench", ROOT / "bench" / "quality_bench.py")
-        sys.modules["quality_bench"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["quality_bench"])
-    return sys.modules["quality_bench"]
-
-
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_the_pixel_map_gives_every_photograph_back(name):
     layout = tm.LAYOUTS[name]
-    pixels = photos.held_out_images(layout.pixels)
-    if layout.frames:
-        pixels = photos.held_out_clips(layout.pixels, layout.frames)
+    pixels = tm.held_out_pixels(layout)
     latent = tm.to_latent(pixels, layout)
     assert latent.shape == tm.LAYOUTS[name].latent_shape(len(pixels))
     torch.testing.assert_close(tm.to_pixels(latent, layout), pixels, rtol=0, atol=1e-6)
@@ -82,7 +70,7 @@ def test_training_mode_leaves_the_forward_bit_for_bit(comfy_nodes, name):
 def test_the_bench_tells_merging_from_pruning_the_same_tokens(comfy_nodes, pack, name):
     """At ratio 0.5, averaging the merged tokens moves the x0 prediction less than dropping them, on every
     held-out photograph."""
-    bench = _bench()
+    bench = load_bench("quality_bench")
     layout = tm.LAYOUTS[name]
 
     class Pack:
@@ -106,7 +94,7 @@ def test_the_trained_flux_attends_locally_and_sd35_and_wan_do_not(comfy_nodes):
     """Why ToDo's nearest pooling costs the Flux layout most (docs/QUALITY.md): its image queries put several
     times the uniform share of their attention on their 3x3 neighbourhood, which nearest thins to one key in
     four; SD3.5's and Wan's spread theirs about evenly."""
-    bench = _bench()
+    bench = load_bench("quality_bench")
     local = {name: bench.attention_locality(tm.trained(tm.LAYOUTS[name]), tm.LAYOUTS[name],
                                             tm.held_out_latents(tm.LAYOUTS[name])[:1])
              for name in ("flux", "sd35", "wan21")}
@@ -121,7 +109,7 @@ def test_the_quality_bench_smoke_run_measures_every_setting(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "bench" / "quality_bench.py"), "--smoke", "--out", str(out)],
                    check=True, cwd=ROOT, capture_output=True, timeout=900)
     rows = json.loads(out.read_text())
-    bench = _bench()
+    bench = load_bench("quality_bench")
     expected = sum(1 for layout in tm.LAYOUTS.values() for s in bench.settings() if s.applies_to(layout))
     assert len(rows) == expected
     for row in rows:
