@@ -161,8 +161,8 @@ class ApplyToDo(io.ComfyNode):
                 max_downsample_input("Larger values pool in more blocks: faster, lower fidelity."),
                 io.Combo.Input("method", options=list(METHODS), default=NEAREST,
                                tooltip="How a cell becomes one key/value token. nearest: its top-left token (the "
-                                       "paper's default); average: the mean of the cell; max: the maximum of each "
-                                       "channel."),
+                                       "paper's default); average: the mean of the cell (on a DiT, keys keep their "
+                                       "tokens' mean length); max: the maximum of each channel."),
                 *window_inputs("downsampling"),
                 io.Int.Input("time_factor", default=1, min=1, max=8, optional=True,
                              tooltip="Video DiTs (Wan, HunyuanVideo, LTX-Video, Cosmos, Mochi): also pool keys and "

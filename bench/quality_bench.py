@@ -18,8 +18,10 @@ On the held-out photographs (``tome_harness.photos.HELD_OUT``), for each setting
 - (c) from noise: 20 euler steps from pure noise, fixed seeds: PSNR against the unpatched sample.
 
 Every figure is a mean with its standard deviation over photographs and seeds. Pruning (``reduce=PRUNE``)
-drops the very tokens ToMe would merge: merging's gain over it is what averaging buys. JSON rows go to
-``--out``, Markdown tables to standard output.
+drops the very tokens ToMe would merge: merging's gain over it is what averaging buys. On DiTs, the "plain
+mean" rows (``keep_norms=False``) merge queries and keys, and pool keys, by their plain mean, as the pack did
+before this bench showed that the mean shortens them (``tome.norms``). JSON rows go to ``--out``, Markdown
+tables to standard output.
 """
 
 from __future__ import annotations
@@ -56,9 +58,11 @@ class Setting:
     patch: Callable  # (pack, model, layout) -> patched model
     unet_only: bool = False
     video_only: bool = False
+    dit_only: bool = False
 
     def applies_to(self, layout: tm.Layout) -> bool:
-        return (layout.is_unet or not self.unet_only) and (layout.frames > 0 or not self.video_only)
+        return ((layout.is_unet or not self.unet_only) and (layout.frames > 0 or not self.video_only)
+                and not (layout.is_unet and self.dit_only))
 
 
 def tome(ratio: float, **inputs) -> Callable:
@@ -75,6 +79,7 @@ def core(ratio: float) -> Callable:
 
 
 def settings() -> list[Setting]:
+    from tome.downsample import AVERAGE
     from tome.hosts.comfyui_unet import MERGE_KV, MERGE_Q, SCOPE_ALL, SCOPE_CROSS
     from tome.merge import PRUNE
 
@@ -84,6 +89,11 @@ def settings() -> list[Setting]:
         Setting("ToMe 0.5", tome(0.5)),
         Setting("ToMe 0.7", tome(0.7)),
         Setting("ToMe 0.75", tome(0.75), video_only=True),  # the README's fast Wan setting before this bench
+        Setting("ToMe 0.75 k and v only", tome(0.75, merge=MERGE_KV), video_only=True),  # as fast as ToDo 2
+        # DiTs merged queries and keys, and average-pooled keys, by their plain mean before this bench found
+        # what it costs (tome.norms).
+        Setting("ToMe 0.5 plain mean", lambda pack, model, layout: pack.dit.apply_tome_dit(
+            model, ratio=0.5, keep_norms=False), dit_only=True),
         Setting("prune 0.3", tome(0.3, reduce=PRUNE)),
         Setting("prune 0.5", tome(0.5, reduce=PRUNE)),
         Setting("prune 0.7", tome(0.7, reduce=PRUNE)),
@@ -98,6 +108,9 @@ def settings() -> list[Setting]:
         Setting("core TomePatchModel 0.5", core(0.5), unet_only=True),
         Setting("ToDo 2", todo(2)),
         Setting("ToDo 3", todo(3)),
+        Setting("ToDo 2 average", todo(2, method=AVERAGE)),
+        Setting("ToDo 2 average plain mean", lambda pack, model, layout: pack.dit.apply_todo_dit(
+            model, downsample_factor=2, method=AVERAGE, keep_norms=False), dit_only=True),
         Setting("ToDo 2 time_factor 2", todo(2, time_factor=2), video_only=True),
         Setting("ToDo 2 from 0.3", todo(2, start_percent=0.3)),
     ]
@@ -352,6 +365,7 @@ def main(argv=None) -> int:
 
     class Pack:
         models = comfyui_host.pack_module("tome.hosts.comfyui_models")
+        dit = comfyui_host.pack_module("tome.hosts.comfyui_dit")
         nodes_module = nodes
 
     chosen = [s for s in settings() if args.setting is None or s.name in args.setting]

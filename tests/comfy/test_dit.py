@@ -8,6 +8,7 @@ separate model calls with layouts of their own (Flux 2 pads both to 512).
 """
 
 import contextlib
+import functools
 import logging
 
 import pytest
@@ -373,7 +374,12 @@ def test_todo_time_factor_pools_across_frames(comfy_nodes, dit, models):
                                                                  method="average"))
     for _, _, got, made in image_calls("wan21", inner, outer):
         assert (got[0].shape[1], got[1].shape[1]) == (90, 2 * 9)  # frames 1-2 and 3 alone, 3x3 cells each
-        torch.testing.assert_close(got[1][:, 0], made[1].unflatten(1, (3, 5, 6))[:, :2, :2, :2].mean((1, 2, 3)))
+        first = [t.unflatten(1, (3, 5, 6))[:, :2, :2, :2].flatten(1, 3) for t in made[1:3]]  # the first cell's 8
+        torch.testing.assert_close(got[2][:, 0], first[1].mean(1))  # values: the mean
+        keys = first[0].unflatten(-1, (2, -1))  # two heads: the mean's direction at the keys' mean length (tome.norms)
+        mean = keys.mean(1)
+        torch.testing.assert_close(got[1][:, 0].unflatten(-1, (2, -1)),
+                                   mean / mean.norm(dim=-1, keepdim=True) * keys.norm(dim=-1).mean(1)[..., None])
 
 
 @pytest.mark.parametrize("merge", ["q, k and v", "k and v only"])
@@ -391,6 +397,28 @@ def test_tome_merges_the_image_tokens_and_restores_every_query(comfy_nodes, dit,
         assert made[3].shape[1] == made[0].shape[1]  # ... and the model got an output for every query
         if merge == "q, k and v":  # every merged query has its destination's output: as many distinct as kept
             assert len({tuple(row.tolist()) for row in made[3][0, start:start + n]}) == kept
+
+
+@pytest.mark.parametrize("name", ["flux", "sd3", "wan21"])  # two heads each
+def test_tome_merges_keys_at_their_members_length(comfy_nodes, dit, models, name):
+    """Merged image keys point where their plain mean points, each head no shorter than that mean (at the mean
+    of its members' lengths: tome.norms.keeping_norms; a mean is shorter than its members); queries and values
+    are the plain mean. Compared on the first image call, where both runs get the same input, so the same
+    plan."""
+    firsts = []
+    for keep_norms in (True, False):
+        _, inner, outer = traced_sample(comfy_nodes, dit, models[name], name, functools.partial(
+            dit.apply_tome_dit, ratio=0.5, keep_norms=keep_norms))
+        firsts.append(image_calls(name, inner, outer)[0])
+    (_, _, kept, made), (_, _, plain, plain_made) = firsts
+    for ours, theirs in zip(made[:3], plain_made[:3], strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    for ours, theirs in zip(kept[::2], plain[::2], strict=True):  # queries, values
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    ours, theirs = (t.unflatten(-1, (2, -1)).double() for t in (kept[1], plain[1]))  # keys
+    assert torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).min() > 1 - 1e-5
+    longer = ours.norm(dim=-1) / theirs.norm(dim=-1)
+    assert longer.min() > 1 - 1e-5 and longer.max() > 1.01
 
 
 def test_factor_1_and_ratio_0_remove_the_patch_bit_for_bit(comfy_nodes, dit, models, family):

@@ -52,9 +52,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..downsample import MAX, METHODS, NEAREST
+from ..downsample import AVERAGE, MAX, METHODS, NEAREST
 from ..grid import derive_seed
 from ..merge import IDENTITY, MEAN, REDUCTIONS, build_plan
+from ..norms import keeping_norms
 from .comfyui import (
     APPLY_MODEL,
     OUTER_SAMPLE,
@@ -201,6 +202,11 @@ def warn_dropped(override) -> None:
 
 # Token-major tensor operations.
 
+def heads_of(args: tuple, kwargs: dict) -> int:
+    """The head count of ``wrap_attn``'s call ``func(q, k, v, heads, ...)``: positional, or ``heads=`` (Wan)."""
+    return args[3] if len(args) > 3 else kwargs["heads"]
+
+
 def token_major(x: torch.Tensor, heads_major: bool) -> torch.Tensor:
     """``x [B, H, L, D]`` (``heads_major``) as the view ``[B, L, H, D]``; anything else as it is."""
     return x.transpose(1, 2) if heads_major else x
@@ -291,6 +297,7 @@ class DiTToDo:
     time_factor: int
     method: str
     reach: Reach  # only its sampling window counts on a DiT
+    keep_norms: bool = True  # average-pooled keys at their tokens' mean length (tome.norms)
 
 
 @dataclass(frozen=True)
@@ -305,6 +312,7 @@ class DiTToMe:
     use_rand: bool = True
     merge: str = MERGE_QKV
     reduce: str = MEAN  # PRUNE: the quality bench's baseline, which drops the tokens ToMe would merge
+    keep_norms: bool = True  # merged keys at their tokens' mean length (tome.norms)
 
 
 def warn_unrecognised(options, length: int, layout: ImageLayout) -> None:
@@ -373,11 +381,14 @@ class DiTReduction:
             plan = self.plan(tome, k[:, start:start + layout.n_tokens], layout.grid, call_index, options)
         merge_q = plan is not IDENTITY and tome.merge in (MERGE_QKV, MERGE_Q)
         merge_kv = plan is not IDENTITY and tome.merge in (MERGE_QKV, MERGE_KV) and todo is None
+        heads = heads_of(args, kwargs)
         if todo is not None:
-            k, v = (self.pooled(todo, t, start, layout) for t in (k, v))
+            k = self.pooled(todo, k, start, layout, heads=heads if todo.keep_norms else None)
+            v = self.pooled(todo, v, start, layout)
         elif merge_kv:
-            k, v = (self.merged(plan, t, start, layout.n_tokens, tome.reduce) for t in (k, v))
-        if merge_q:
+            k = self.merged(plan, k, start, layout.n_tokens, tome.reduce, heads=heads if tome.keep_norms else None)
+            v = self.merged(plan, v, start, layout.n_tokens, tome.reduce)
+        if merge_q:  # the plain mean: a merged query attends more evenly, nearer its tokens' mean output
             q = self.merged(plan, q if order is None else q.index_select(1, order), start, layout.n_tokens,
                             tome.reduce)
         out = attention(*(token_major(t, heads_major) for t in (q, k, v)), *args[3:], **kwargs)
@@ -390,10 +401,15 @@ class DiTReduction:
         return token_major(out, out_heads_major)
 
     @staticmethod
-    def merged(plan, x: torch.Tensor, start: int, n: int, mode: str) -> torch.Tensor:
+    def merged(plan, x: torch.Tensor, start: int, n: int, mode: str, heads: int | None = None) -> torch.Tensor:
         """``x [B, L, ...]`` with its ``n`` image tokens from ``start`` merged by ``plan`` (``mode``: ``MEAN``
-        or ``PRUNE``)."""
-        return replace_span(x, start, n, plan.merge(x[:, start:start + n], mode))
+        or ``PRUNE``). ``heads``: given for keys, whose lengths the mean keeps (``tome.norms``)."""
+        image = x[:, start:start + n]
+        if heads is not None and mode == MEAN:
+            image = keeping_norms(lambda t: plan.merge(t, MEAN), image, heads)
+        else:
+            image = plan.merge(image, mode)
+        return replace_span(x, start, n, image)
 
     @staticmethod
     def unmerged(plan, out: torch.Tensor, start: int, n: int) -> torch.Tensor:
@@ -403,14 +419,20 @@ class DiTReduction:
         return replace_span(out, start, kept, plan.unmerge(out[:, start:start + kept]))
 
     @staticmethod
-    def pooled(todo: DiTToDo, x: torch.Tensor, start: int, layout: ImageLayout) -> torch.Tensor:
-        """``x [B, L, ...]`` with its image tokens pooled, or as it is where the grid is smaller than a cell."""
+    def pooled(todo: DiTToDo, x: torch.Tensor, start: int, layout: ImageLayout,
+               heads: int | None = None) -> torch.Tensor:
+        """``x [B, L, ...]`` with its image tokens pooled, or as it is where the grid is smaller than a cell.
+        ``heads``: given for keys, which ``average`` pooling gives their tokens' mean length (``tome.norms``)."""
         _, h, w = layout.grid
         if todo.factor > min(h, w):
             _warn_grid_too_small(layout.grid, todo.factor)
             return x
-        image = pool_grid(x[:, start:start + layout.n_tokens], layout.grid, todo.factor, todo.time_factor,
-                          todo.method)
+
+        def pool(t):
+            return pool_grid(t, layout.grid, todo.factor, todo.time_factor, todo.method)
+
+        image = x[:, start:start + layout.n_tokens]
+        image = keeping_norms(pool, image, heads) if heads is not None and todo.method == AVERAGE else pool(image)
         return replace_span(x, start, layout.n_tokens, image)
 
     @staticmethod
@@ -473,12 +495,14 @@ def base_reduction(model) -> DiTReduction:
 
 
 def apply_todo_dit(model, *, downsample_factor: int, method: str = NEAREST, time_factor: int = 1,
-                   start_percent: float = 0.0, end_percent: float = 1.0):
+                   start_percent: float = 0.0, end_percent: float = 1.0, keep_norms: bool = True):
     """Clone ``model`` (a DiT) with ToDo's key/value pooling in its image self-attention.
 
     ``downsample_factor`` pools ``factor x factor`` cells of the image grid,
     ``time_factor`` (video) that many frames too; both 1 removes an earlier
-    ToDo. A second call replaces the first.
+    ToDo. A second call replaces the first. ``keep_norms`` (no node offers
+    it) False pools keys by their plain mean with ``average``, shorter than
+    they are (``tome.norms``; the quality bench measures what that costs).
     """
     family = known_family(model, "Apply ToDo")
     if family is None:
@@ -490,7 +514,7 @@ def apply_todo_dit(model, *, downsample_factor: int, method: str = NEAREST, time
     todo = None
     if downsample_factor > 1 or time_factor > 1:
         todo = DiTToDo(downsample_factor, time_factor, method,
-                       Reach(1, *sigma_window(model, start_percent, end_percent)))
+                       Reach(1, *sigma_window(model, start_percent, end_percent)), keep_norms=keep_norms)
     if todo is None and current.todo is None:
         return model
     return with_reduction(model, family, dataclasses.replace(current, todo=todo))
@@ -498,11 +522,12 @@ def apply_todo_dit(model, *, downsample_factor: int, method: str = NEAREST, time
 
 def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, seed: int = 0,
                    use_rand: bool = True, merge: str = MERGE_QKV, start_percent: float = 0.0,
-                   end_percent: float = 1.0, reduce: str = MEAN):
+                   end_percent: float = 1.0, reduce: str = MEAN, keep_norms: bool = True):
     """Clone ``model`` (a DiT) with ToMe in its image self-attention: the image tokens of q, k and v (or those
     ``merge`` names) merged per frame, the queries unmerged after. Ratio 0 removes an earlier ToMe; a second
-    call replaces the first. ``reduce``: ``MEAN`` (ToMe) or ``PRUNE`` (the same tokens dropped: the quality
-    bench's baseline; no node offers it)."""
+    call replaces the first. No node offers the last two: ``reduce``, ``MEAN`` (ToMe) or ``PRUNE`` (the same
+    tokens dropped: the quality bench's baseline); ``keep_norms`` False merges keys by their plain mean, shorter
+    than they are (``tome.norms``; the quality bench measures what that costs)."""
     family = known_family(model, "Apply ToMe")
     if family is None:
         return model
@@ -518,5 +543,5 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
     tome = None
     if ratio > 0.0:
         tome = DiTToMe(ratio, stride_x, stride_y, Reach(1, *sigma_window(model, start_percent, end_percent)),
-                       seed=seed, use_rand=use_rand, merge=merge, reduce=reduce)
+                       seed=seed, use_rand=use_rand, merge=merge, reduce=reduce, keep_norms=keep_norms)
     return with_reduction(model, family, dataclasses.replace(current, tome=tome))
