@@ -31,3 +31,16 @@ def test_vace_reference_frames_read_the_host_once_whatever_the_frame_count():
     with count() as counts:
         assert vace_reference_frames(context) == 3
     assert counts.host_reads == 1
+
+
+def test_a_model_calls_read_brings_the_sigma_in_the_same_host_read():
+    from tome.hosts.comfyui import ModelCall
+
+    call = ModelCall(torch.tensor([0.625, 0.625]))
+    context = torch.zeros(1, 1, 96, 4, 2, 2)
+    context[:, :, 40, 1:] = 1.0
+    with count() as counts:
+        assert vace_reference_frames(context, call.read) == 1
+        assert call.sigma() == 0.625  # read already: no second wait
+    assert counts.host_reads == 1
+    assert ModelCall(None).read(torch.tensor([True, False])) == [True, False]  # no sigma: the values alone

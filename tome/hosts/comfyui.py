@@ -80,6 +80,16 @@ class ModelCall:
             self._sigma = float(self._sigmas.flatten()[0])
         return self._sigma
 
+    def read(self, values: torch.Tensor) -> list[float]:
+        """``values.tolist()`` (1-D) for a host read the model call must make anyway (Wan VACE's layout), with
+        the sigma read in the same one where it is not read yet: one wait for a GPU's queue instead of two."""
+        if self._sigma is not None or self._sigmas is None:
+            return values.tolist()
+        sigma = self._sigmas.flatten()[:1].to(torch.float64)
+        both = torch.cat([sigma, values.to(sigma.device, torch.float64)]).tolist()
+        self._sigma = both[0]
+        return both[1:]
+
     def next_attention(self) -> int:
         index = self._attention_calls
         self._attention_calls += 1

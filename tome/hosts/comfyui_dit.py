@@ -94,7 +94,7 @@ class LayoutWrapper:
                  **conds):
         text = 0 if c_crossattn is None else c_crossattn.shape[1]
         options = call_options(transformer_options)
-        options[LAYOUT_KEY] = self.spec.layout(x.shape, text, conds)
+        options[LAYOUT_KEY] = self.spec.layout(x.shape, text, conds, model_call(options).read)
         if RUN_KEY not in options:  # a model call outside a sampling run is a run of its own
             options[RUN_KEY] = SamplingRun()
         if self.spec.vace_main_blocks:

@@ -112,7 +112,14 @@ def wan_layout(latent_shape, patch: Sequence[int], contexts: Iterable[int] = (),
     return image_layout((t - whole, h, w), {ref + t * h * w: ref + whole * h * w}, contexts)
 
 
-def vace_reference_frames(vace_context: torch.Tensor) -> int:
+HostRead = Callable[[torch.Tensor], list]  # a 1-D tensor's values on the host
+
+
+def tolist(values: torch.Tensor) -> list:
+    return values.tolist()
+
+
+def vace_reference_frames(vace_context: torch.Tensor, read: HostRead = tolist) -> int:
     """How many leading latent frames of a VACE call are reference images, from its ``vace_context``
     ``[B, contexts, 2C + 64, T, H, W]`` (per context: inactive and reactive control latents, ``C`` channels
     each, then a 64-channel mask). ``WanVaceToVideo`` puts the reference image's latent ahead of the control
@@ -120,7 +127,7 @@ def vace_reference_frames(vace_context: torch.Tensor) -> int:
     every context it makes; a VAE-encoded control frame is never exactly zero."""
     reactive = (vace_context.shape[2] - 64) // 2  # where the reactive half starts: the mask follows it
     # One reduction over every frame, then one read: a read per frame would wait for a GPU's queue each time.
-    control = vace_context[:, :, reactive:].any(dim=(0, 1, 2, 4, 5)).tolist()
+    control = read(vace_context[:, :, reactive:].any(dim=(0, 1, 2, 4, 5)))
     return next((frame for frame, nonzero in enumerate(control) if nonzero), len(control))
 
 
@@ -244,10 +251,11 @@ class DiTSpec:
     vace_main_blocks: int = 0
     blocks_without_options: bool = False
 
-    def layout(self, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+    def layout(self, latent_shape, text: int, conds: Mapping, read: HostRead = tolist) -> ImageLayout:
         """The ``ImageLayout`` of one model call with latent ``latent_shape``, ``text`` context tokens and the
-        extra ``conds`` the model receives."""
-        return FAMILY_BY_NAME[self.family].layout(self, latent_shape, text, conds)
+        extra ``conds`` the model receives; ``read``: how a family whose layout depends on a tensor's values
+        (Wan VACE) reads them to the host (the layout wrapper passes ``ModelCall.read``)."""
+        return FAMILY_BY_NAME[self.family].layout(self, latent_shape, text, conds, read)
 
 
 # Each family's layout of one model call: its layout function fed from the spec and the call's conds.
@@ -257,22 +265,22 @@ def shapes(latents) -> list[torch.Size]:
     return [r.shape for r in latents or ()]
 
 
-def flux_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+def flux_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping, read: HostRead) -> ImageLayout:
     """Flux, Flux 2, Chroma: Kontext / Flux 2 references from ``ref_latents``."""
     return flux_layout(latent_shape, spec.patch[-1], text, shapes(conds.get("ref_latents")))
 
 
-def sd3_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+def sd3_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping, read: HostRead) -> ImageLayout:
     """SD3: the registers the model has."""
     return sd3_layout(latent_shape, spec.patch[-1], text, spec.registers)
 
 
-def qwen_image_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+def qwen_image_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping, read: HostRead) -> ImageLayout:
     """Qwen-Image: edit references from ``ref_latents``."""
     return qwen_image_layout(latent_shape, spec.patch[-1], text, shapes(conds.get("ref_latents")))
 
 
-def lumina2_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+def lumina2_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping, read: HostRead) -> ImageLayout:
     """Lumina 2 / Z-Image: the model's token padding."""
     return lumina2_layout(latent_shape, spec.patch[-1], text, spec.pad_multiple)
 
@@ -283,7 +291,7 @@ def wan_contexts(text: int, conds: Mapping) -> list[int]:
     return [text] + ([clip.shape[-2]] if clip is not None else [])
 
 
-def wan_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+def wan_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping, read: HostRead) -> ImageLayout:
     """Wan 2.x: frames appended in time, Fun's reference latent (where the model has its convolution), VACE's
     reference frames."""
     extra = conds.get("time_dim_concat")
@@ -291,17 +299,17 @@ def wan_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLay
     vace = conds.get("vace_context")
     return wan_layout(latent_shape, spec.patch, wan_contexts(text, conds), 0 if extra is None else extra.shape[2],
                       None if reference is None else reference.shape,
-                      0 if vace is None else vace_reference_frames(vace))
+                      0 if vace is None else vace_reference_frames(vace, read))
 
 
-def wan_animate_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+def wan_animate_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping, read: HostRead) -> ImageLayout:
     """Wan 2.2 Animate: ``[reference frame | video]``, the reference frame left whole. Its pose latents are
     added to the video's tokens, its face motion reaches the video through an attention of its own (no
     ``transformer_options``, so never through the override): neither adds tokens."""
     return wan_layout(latent_shape, spec.patch, wan_contexts(text, conds), reference_frames=ANIMATE_REFERENCE_FRAMES)
 
 
-def wan_s2v_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+def wan_s2v_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping, read: HostRead) -> ImageLayout:
     """Wan 2.2 S2V: ``[video | reference | motion]``. Its control video is added to the video's tokens, its audio
     is injected after the blocks by an attention of its own (no ``transformer_options``)."""
     reference, motion = conds.get("reference_latent"), conds.get("reference_motion")
@@ -310,14 +318,14 @@ def wan_s2v_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> Imag
     return wan_appended_layout(latent_shape, spec.patch, [text], appended)
 
 
-def wan_humo_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+def wan_humo_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping, read: HostRead) -> ImageLayout:
     """HuMo: ``[video | reference]``; the audio cross-attention's per-frame keys are a length of their own."""
     reference = conds.get("reference_latent")
     return wan_appended_layout(latent_shape, spec.patch, [text, HUMO_AUDIO_TOKENS],
                                0 if reference is None else unpadded_tokens(reference.shape, spec.patch))
 
 
-def hunyuan_video_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+def hunyuan_video_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping, read: HostRead) -> ImageLayout:
     """HunyuanVideo: 1.5's ByT5 and CLIP vision tokens join the text; the I2V reference latent."""
     byt5 = conds.get("txt_byt5") if spec.byt5 else None
     clip = conds.get("clip_fea") if spec.vision else None
@@ -326,13 +334,13 @@ def hunyuan_video_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -
     return hunyuan_video_layout(latent_shape, spec.patch, joint, text, None if reference is None else reference.shape)
 
 
-def ltxv_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+def ltxv_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping, read: HostRead) -> ImageLayout:
     """LTX-Video: the guide tokens ``keyframe_idxs [B, 3, guide tokens]`` names by their pixel coordinates."""
     keyframes = conds.get("keyframe_idxs")
     return ltxv_layout(latent_shape, spec.patch, [text], 0 if keyframes is None else keyframes.shape[2])
 
 
-def hidream_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+def hidream_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping, read: HostRead) -> ImageLayout:
     """HiDream: the LLM's tokens ``[B, LLM layers, tokens, width]`` twice after T5's; E1's edit latent."""
     llama = conds.get("encoder_hidden_states_llama3")
     edit = conds.get("image_cond")
@@ -340,7 +348,7 @@ def hidream_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> Imag
                           None if edit is None else edit.shape)
 
 
-def cosmos_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+def cosmos_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping, read: HostRead) -> ImageLayout:
     """Cosmos Predict2 and Cosmos 1: self-attention sees the video alone, as Wan's (Cosmos 1's image to video
     enters as channels, a mask and the image's latent); cross-attention has the text's keys."""
     return wan_layout(latent_shape, spec.patch, [text])
@@ -351,7 +359,7 @@ def cosmos_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> Image
 MOCHI_TEXT_TOKENS = 256
 
 
-def mochi_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping) -> ImageLayout:
+def mochi_call(spec: DiTSpec, latent_shape, text: int, conds: Mapping, read: HostRead) -> ImageLayout:
     """Mochi: the text as the blocks crop it, to ``num_tokens`` of its ``text`` tokens."""
     return mochi_layout(latent_shape, spec.patch, min(text, conds.get("num_tokens", MOCHI_TEXT_TOKENS)))
 
@@ -371,13 +379,13 @@ def cosmos_patch(net) -> Sequence[int]:
 @dataclass(frozen=True)
 class Family:
     """One DiT family: its name, the class names it is known by (matched anywhere in the class hierarchy of
-    ComfyUI's model class or of its diffusion model), its ``layout(spec, latent_shape, text, conds)``, and how
+    ComfyUI's model class or of its diffusion model), its ``layout(spec, latent_shape, text, conds, read)``, and how
     its patch size is read from the diffusion model; ``blocks_without_options``: its model calls its blocks without
     ``transformer_options``, so the attention override reaches them only if the layout wrapper hands them over."""
 
     name: str
     classes: tuple[str, ...]
-    layout: Callable[[DiTSpec, Sequence[int], int, Mapping], ImageLayout]
+    layout: Callable[[DiTSpec, Sequence[int], int, Mapping, HostRead], ImageLayout]
     patch: Callable[[torch.nn.Module], Sequence[int] | int] = patch_size
     blocks_without_options: bool = False
 
