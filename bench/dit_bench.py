@@ -17,15 +17,34 @@ Models (ComfyUI's own classes, configurations as ComfyUI detects the real checkp
           0, 5, 10, ..., has a layer per 5 blocks: none with fewer)
   ltxv    LTX-Video 2B (28 blocks of width 2048, 32 heads) at 480x832 x ``--frames`` (33: 5 latent frames of
           15 x 26, one token each: 1950 video tokens), 128 text tokens for cross-attention
+  wan14b  Wan 2.1 14B (40 blocks of width 5120, 40 heads) text to video, otherwise as wan13b
+  wan22ti2v  Wan 2.2 TI2V-5B (30 blocks of width 3072, 24 heads; its VAE compresses 16x16 in space into 48
+          channels) at ``--size`` 1280x704 x 121 frames: 31 x 22 x 40 = 27280 video tokens
+
+Video sizes: ``--size WIDTHxHEIGHT`` in pixels, as ComfyUI's empty-latent nodes take them (default: each
+model's own, 832x480 for all but wan22ti2v); the latent is that over the VAE's compression (8x8 in space; 16x16
+for wan22ti2v; 32x32 for ltxv), patched 2x2 (ltxv: 1x1).
   tiny    each of the test models of ``tome_harness.dit_models`` at a 32x32 latent: a smoke check on the CPU
 
+Full length (issue 27: the lengths people render), one block each, fp32 on a CPU (minutes a row):
+
+    .venv/bin/python bench/dit_bench.py --model wan13b wan14b --frames 81 --blocks 1 --repeats 0 \
+        --ratio 0.5 0.75 --merge kv --time-factor 2 --dtype fp32
+    .venv/bin/python bench/dit_bench.py --model hunyuan --size 848x480 --frames 61 --blocks 1 --repeats 0 ...
+    .venv/bin/python bench/dit_bench.py --model wan22ti2v --frames 121 --blocks 1 --repeats 0 ...
+    .venv/bin/python bench/dit_bench.py --model ltxv --size 768x512 --frames 121 --blocks 4 --repeats 0 ...
+
 Variants, run round-robin in one process (minimum of ``--repeats``): ``none``, ``todo-2`` (keys and values
-pooled over 2x2 cells, nearest), ``todo-2-tT`` (and ``T`` frames, with ``--time-factor``), ``tome-R-qkv`` and
-``tome-R-kv`` (ratio R, q, k and v merged / k and v only; ``--merge`` picks). Every row has the share of its
+pooled over 2x2 cells, nearest), ``todo-2-average`` (method average, with ``--average``), ``todo-2-tT`` (and
+``T`` frames, with ``--time-factor``), ``tome-R-qkv`` and ``tome-R-kv`` (ratio R, q, k and v merged / k and v
+only; ``--merge`` picks). Every row has the share of its
 own forward spent in self-attention (queries as many as keys; timed call by call with the device synchronised,
 in the warm-up forward), and ``ideal``: the speed-up if only self-attention got faster, exactly as much as the
 queries times keys reaching it shrank (1 / (1 - s + s * c), s the no-patch share, c that product over the
-no-patch one): the limit the reduction could reach with free pooling and merging.
+no-patch one): the limit the reduction could reach with free pooling and merging. ``matching share``: the
+share of the forward ToMe spends choosing what to merge (the similarity search and its sort, per frame; issue
+27 section 2), timed the same way. ``peak MiB``: the forward's peak memory above what the process held before
+it (CUDA: the allocator's peak; CPU: the resident set's high-water mark, which Linux lets a process reset).
 
     .venv/bin/python bench/dit_bench.py --model sd35m wan13b            # on a GPU: bf16, PyTorch SDPA
     .venv/bin/python bench/dit_bench.py --model hunyuan ltxv --frames 33 --blocks 1 --ratio 0.75 --merge kv
@@ -45,6 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from unet_bench import probe_for  # the sibling script (bench/ is on the path: run as a script, and pytest)
 
 from tome.hosts.comfyui_dit import OVERRIDE_KEY
 from tome.hosts.comfyui_unet import MERGE_KV, MERGE_QKV
@@ -68,6 +88,7 @@ class Case:
     # Zero conds over the latent's frames: name -> (channels, frames fewer than the latent's).
     frame_conds: dict = field(default_factory=dict)
     reference_frames: int = 0  # latent frames ahead of the video's (Wan 2.2 Animate's reference image)
+    spatial: int = 8  # pixels per latent cell: the VAE's spatial compression (video models)
 
 
 REAL_CASES = {
@@ -98,10 +119,15 @@ REAL_CASES = {
     "ltxv": Case("ltxv", "LTXV", {
         "image_model": "ltxv", "in_channels": 128, "cross_attention_dim": 2048, "attention_head_dim": 64,
         "num_attention_heads": 32, "caption_channels": 4096, "num_layers": 28,
-    }, (1, 128, 3, 15, 26), (128, 4096), {"attention_mask": None}),
+    }, (1, 128, 3, 15, 26), (128, 4096), {"attention_mask": None}, spatial=32),
 }
+REAL_CASES["wan14b"] = dataclasses.replace(REAL_CASES["wan13b"], name="wan14b", config=dict(
+    REAL_CASES["wan13b"].config, dim=5120, num_heads=40, ffn_dim=13824, num_layers=40))
+REAL_CASES["wan22ti2v"] = Case("wan22ti2v", "WAN22_T2V", dict(
+    REAL_CASES["wan13b"].config, dim=3072, num_heads=24, ffn_dim=14336, num_layers=30, in_dim=48, out_dim=48),
+    (1, 48, 31, 44, 80), (512, 4096), spatial=16)
 # Latent frames of a video of n frames: Wan and HunyuanVideo's VAEs compress time 4x, LTX-Video's 8x (n = 8k + 1).
-TIME_COMPRESSION = {"wan13b": 4, "hunyuan": 4, "wan22animate": 4, "ltxv": 8}
+TIME_COMPRESSION = {"wan13b": 4, "wan14b": 4, "wan22ti2v": 4, "hunyuan": 4, "wan22animate": 4, "ltxv": 8}
 FLUX_CONFIG = {
     "image_model": "flux", "in_channels": 16, "patch_size": 2, "out_channels": 16, "vec_in_dim": 768,
     "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "axes_dim": [16, 56, 56],
@@ -134,9 +160,14 @@ def cases_of(args) -> list[Case]:
             cases += tiny_cases()
         elif name in TIME_COMPRESSION:
             video = REAL_CASES[name]
-            cases += [with_blocks(dataclasses.replace(video, name=f"{name}-{n}f", latent=(
-                *video.latent[:2], (n - 1) // TIME_COMPRESSION[name] + 1 + video.reference_frames,
-                *video.latent[3:])), args.blocks) for n in args.frames]
+            if args.size is None:
+                size, grid = "", video.latent[3:]
+            else:
+                width, height = args.size
+                size, grid = f"-{width}x{height}", (height // video.spatial, width // video.spatial)
+            cases += [with_blocks(dataclasses.replace(video, name=f"{name}{size}-{n}f", latent=(
+                *video.latent[:2], (n - 1) // TIME_COMPRESSION[name] + 1 + video.reference_frames, *grid)),
+                args.blocks) for n in args.frames]
         elif name == "flux":
             double, single = args.flux_blocks
             config = dict(FLUX_CONFIG, depth=double, depth_single_blocks=single)
@@ -175,9 +206,11 @@ def build(case: Case, dtype: torch.dtype, device: torch.device):
     return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
 
 
-def variants(dit, model, ratios, merges=("qkv", "kv"), time_factor=None) -> dict:
+def variants(dit, model, ratios, merges=("qkv", "kv"), time_factor=None, average=False) -> dict:
     """The models to time, by name."""
     out = {"none": model, "todo-2": dit.apply_todo_dit(model, downsample_factor=2)}
+    if average:
+        out["todo-2-average"] = dit.apply_todo_dit(model, downsample_factor=2, method="average")
     if time_factor is not None:
         out[f"todo-2-t{time_factor}"] = dit.apply_todo_dit(model, downsample_factor=2, time_factor=time_factor)
     for ratio in ratios:
@@ -204,16 +237,19 @@ def forward(model, inputs, device, override=None):
     return out
 
 
-def traced_forward(model, inputs, device):
-    """One forward of ``model`` with its attention calls timed: ``(output, seconds, self-attention share, cost)``.
+def traced_forward(model, inputs, device, dit):
+    """One forward of ``model`` with its attention calls timed: ``(output, seconds, self-attention share, cost,
+    matching share, peak bytes)``.
 
     Self-attention: the calls the model makes with queries as many as keys,
     timed with whatever override ``model`` has (ours) inside. ``cost``: the
     queries times keys that reached attention in those calls, over the
-    queries times keys the model made.
+    queries times keys the model made. Matching: the time ToMe's plans took
+    (``DiTReduction.plan`` of ``dit``, the pack's module as ComfyUI loaded it),
+    inside those calls. Peak: above what the process held before the forward.
     """
     inner = model.model_options["transformer_options"].get(OVERRIDE_KEY)
-    spent, made, reached = [0.0], [0], [0]
+    spent, made, reached, matching = [0.0], [0], [0], [0.0]
 
     def timed(func, *args, **kwargs):
         seq = 2 if kwargs.get("skip_reshape") else 1
@@ -233,10 +269,30 @@ def traced_forward(model, inputs, device):
             made[0] += args[0].shape[seq] * args[1].shape[seq]
         return out
 
-    start = time.perf_counter()
-    out = forward(model, inputs, device, override=timed)
-    seconds = time.perf_counter() - start
-    return out, seconds, spent[0] / seconds, reached[0] / max(made[0], 1)
+    def timed_plan(*args, **kwargs):
+        synchronize(device)
+        start = time.perf_counter()
+        plan = untimed_plan(*args, **kwargs)
+        synchronize(device)
+        matching[0] += time.perf_counter() - start
+        return plan
+
+    reduction = dit.DiTReduction if isinstance(inner, dit.DiTReduction) else None
+    if reduction is not None:
+        untimed_plan = reduction.plan
+        reduction.plan = staticmethod(timed_plan)
+    probe = probe_for(device)
+    held = probe.current()
+    probe.reset()
+    try:
+        start = time.perf_counter()
+        out = forward(model, inputs, device, override=timed)
+        seconds = time.perf_counter() - start
+    finally:
+        if reduction is not None:
+            reduction.plan = staticmethod(untimed_plan)
+    return (out, seconds, spent[0] / seconds, reached[0] / max(made[0], 1), matching[0] / seconds,
+            max(probe.peak() - held, 0))
 
 
 def make_inputs(case: Case, dtype: torch.dtype, device: torch.device):
@@ -251,23 +307,23 @@ def make_inputs(case: Case, dtype: torch.dtype, device: torch.device):
     return x, torch.tensor([0.7], device=device), context, conds
 
 
-def run_case(dit, case: Case, args, device) -> list[dict]:
+def run_case(dit, case: Case, args, device, first: bool) -> list[dict]:
+    """The rows of one case; ``first``: the process's first case."""
     dtype = DTYPES[args.dtype]
     model = build(case, dtype, device)
     inputs = make_inputs(case, dtype, device)
-    models = variants(dit, model, args.ratio, args.merge, args.time_factor)
-    if not args.repeats:  # the first forward of a process pays one-time costs: not inside the unpatched time
+    models = variants(dit, model, args.ratio, args.merge, args.time_factor, args.average)
+    if not args.repeats and first:  # the first forward of a process pays one-time costs: not in the timed ones
         forward(model, inputs, device)
-    distance, peaks, shares, costs, traced = {}, {}, {}, {}, {}
+    distance, peaks, shares, costs, traced, matching = {}, {}, {}, {}, {}, {}
     for name, m in models.items():  # warm-up, self-attention share, output distance, peak memory
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        out, traced[name], shares[name], costs[name] = traced_forward(m, inputs, device)
+        traced_out = traced_forward(m, inputs, device, dit)
+        out, traced[name], shares[name], costs[name], matching[name], peak = traced_out
         out = out.float()
         if name == "none":
             baseline = out
         distance[name] = float((out - baseline).norm() / baseline.norm())
-        peaks[name] = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
+        peaks[name] = peak / 2**20
     # --repeats 0: the warm-up forward is the one timed, after one untimed forward (on a CPU, where the per-call
     # synchronisation is free and a forward of a large input takes minutes).
     times = {name: [] if args.repeats else [traced[name]] for name in models}
@@ -282,8 +338,8 @@ def run_case(dit, case: Case, args, device) -> list[dict]:
         ideal = 1.0 / (1.0 - shares["none"] + shares["none"] * costs[name])
         rows.append({"model": case.name, "latent": list(case.latent), "dtype": args.dtype, "device": device.type,
                      "variant": name, "seconds": best, "speed-up": min(times["none"]) / best, "ideal": ideal,
-                     "self-attention share": shares[name], "peak MiB": peaks[name],
-                     "relative distance": distance[name]})
+                     "self-attention share": shares[name], "matching share": matching[name],
+                     "peak MiB": peaks[name], "relative distance": distance[name]})
         print(json.dumps(rows[-1]), flush=True)
     del model, models
     if device.type == "cuda":
@@ -292,15 +348,25 @@ def run_case(dit, case: Case, args, device) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | latent | variant | time (s) | vs no patch | ideal | self-attention share | output distance "
-             "| peak MiB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | latent | variant | time (s) | vs no patch | ideal | self-attention share | matching share "
+             "| output distance | peak MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        peak = "n/a" if r["peak MiB"] is None else f"{r['peak MiB']:.0f}"
-        lines.append(f"| {r['model']} {r['dtype']} | {'x'.join(map(str, r['latent']))} | {r['variant']} "
-                     f"| {r['seconds']:.3f} | {r['speed-up']:.2f}x | {r['ideal']:.2f}x "
-                     f"| {r['self-attention share']:.0%} | {r['relative distance']:.3f} | {peak} |")
+        lines.append(f"| {r['model']} {r['dtype']} {r['device']} | {'x'.join(map(str, r['latent']))} "
+                     f"| {r['variant']} | {r['seconds']:.3f} | {r['speed-up']:.2f}x | {r['ideal']:.2f}x "
+                     f"| {r['self-attention share']:.0%} | {r['matching share']:.1%} "
+                     f"| {r['relative distance']:.3f} | {r['peak MiB']:.0f} |")
     return "\n".join(lines)
+
+
+def video_size(text: str) -> tuple[int, int]:
+    """``--size``: ``WIDTHxHEIGHT`` in pixels."""
+    try:
+        width, height = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--size takes WIDTHxHEIGHT in pixels, such as 832x480, not {text!r}") from None
+    return width, height
 
 
 def main() -> None:
@@ -309,6 +375,8 @@ def main() -> None:
                         help="which models (see the module docstring)")
     parser.add_argument("--frames", type=int, nargs="+", default=[17],
                         help="wan13b, hunyuan, wan22animate, ltxv: video lengths in frames")
+    parser.add_argument("--size", type=video_size, metavar="WIDTHxHEIGHT",
+                        help="video models: the size in pixels (default: each model's own)")
     parser.add_argument("--blocks", type=int,
                         help="sd35m, wan13b, wan22animate, ltxv: run only this many of the model's blocks "
                              "(hunyuan: double blocks)")
@@ -319,6 +387,7 @@ def main() -> None:
     parser.add_argument("--merge", nargs="+", choices=["qkv", "kv"], default=["qkv", "kv"],
                         help="ToMe: what is merged (q, k and v, or k and v only)")
     parser.add_argument("--time-factor", type=int, help="also ToDo 2 pooling this many frames (video models)")
+    parser.add_argument("--average", action="store_true", help="also ToDo 2 with method average")
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16", help="weights and activations")
     parser.add_argument("--no-sdpa", dest="sdpa", action="store_false",
                         help="ComfyUI's default attention instead of PyTorch SDPA")
@@ -331,7 +400,8 @@ def main() -> None:
     comfyui_host.boot_in_process(Path(tempfile.mkdtemp()) / "custom_nodes", cpu=device.type == "cpu",
                                  sdpa=args.sdpa)
     dit = comfyui_host.pack_module("tome.hosts.comfyui_dit")
-    rows = [row for case in cases_of(args) for row in run_case(dit, case, args, device)]
+    rows = [row for index, case in enumerate(cases_of(args))
+            for row in run_case(dit, case, args, device, first=index == 0)]
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"dit_{'_'.join(args.model)}_{args.dtype}_{'sdpa' if args.sdpa else 'default'}"
     machine = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),

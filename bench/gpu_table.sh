@@ -5,8 +5,12 @@
 # self+cross at max_downsample 2, SDXL scope all at max_downsample 4). Writes bench/results/gpu_table/:
 # gpu_table.md (both tables under the machine and the commands), and unet_bench.py's JSON, Markdown and plot
 # for each family. Memory is measured in-process (CUDA's allocator peak; on the CPU, see unet_bench.py).
-# Then issue 27's counts (bench/host_reads_bench.py): the host reads, blocking copies and operators each node adds
-# to a model call of SD1.5, SDXL, Flux and Wan; they do not depend on the device and are counted on the CPU.
+# Then issue 27's full-length video rows (bench/dit_bench.py, bf16, SDPA, 4 blocks of each model): Wan 2.1 1.3B and
+# 14B at 832x480 x 81 frames, Wan 2.1 14B at 1280x720 x 81, Wan 2.2 TI2V-5B at 1280x704 x 121, HunyuanVideo at
+# 848x480 x 61, LTX-Video at 768x512 x 121; no patch, ToDo 2, ToDo 2 time_factor 2, ToMe 0.5 and 0.75 k and v
+# only, each with its ideal, matching share and peak memory. And issue 27's counts (bench/host_reads_bench.py):
+# the host reads, blocking copies and operators each node adds to a model call of SD1.5, SDXL, Flux and Wan; they
+# do not depend on the device and are counted on the CPU.
 #
 #   bash bench/gpu_table.sh            # on a CUDA machine (meant for one H200: a few minutes)
 #   bash bench/gpu_table.sh --smoke    # the same run on a narrow model at tiny sizes; runs on the CPU (CI)
@@ -30,9 +34,15 @@ done
 
 if [ "$smoke" = 1 ]; then  # the layouts kept, 32 channels wide; sizes where a CPU takes seconds
     sd15_px=(64); sdxl_px=(64); narrow=(--channels 32 --context-dim 32); count_models=(SD1.5 Flux)
+    videos=("--model tiny --dtype fp32")  # each DiT test model at a 32x32 latent
 else
     sd15_px=(512 1024 2048); sdxl_px=(1024 2048); narrow=(); count_models=(SD1.5 SDXL Flux "Wan 2.1")
+    videos=("--model wan13b wan14b --frames 81" "--model wan14b --size 1280x720 --frames 81"
+            "--model wan22ti2v --frames 121" "--model hunyuan --size 848x480 --frames 61"
+            "--model ltxv --size 768x512 --frames 121")
 fi
+video_common=(--blocks 4 --ratio 0.5 0.75 --merge kv --time-factor 2 --repeats "$repeats")
+[ "$smoke" = 1 ] || video_common+=(--dtype bf16)
 common=(--dtype fp16 --attention sdpa --variants core ours-qkv fast --todo 2 --memory in-process
         --repeats "$repeats" --out "$out" "${narrow[@]}")
 
@@ -44,6 +54,16 @@ for family in sd15 sdxl; do
     echo "+ ${command[*]}" >&2
     "${command[@]}"
     commands+=("${command[*]}")
+done
+
+video_tables=()
+for index in "${!videos[@]}"; do
+    read -r -a video <<< "${videos[$index]}"
+    command=("$PYTHON" bench/dit_bench.py "${video[@]}" "${video_common[@]}" --out "$out/video_$index")
+    echo "+ ${command[*]}" >&2
+    "${command[@]}" > /dev/null
+    commands+=("${command[*]}")
+    video_tables+=("$out/video_$index")
 done
 
 counts=("$PYTHON" bench/host_reads_bench.py --models "${count_models[@]}" --out "$out")
@@ -65,6 +85,12 @@ machine=$("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name() if torc
         cat "$out/unet_${family}_fp16_sdpa.md"
     done
     echo
+    echo "## Video at full length (DiT forward, SDPA)"
+    echo
+    for table in "${video_tables[@]}"; do
+        cat "$table"/dit_*.md
+        echo
+    done
     echo "## What each node adds to a model call (counted on the CPU)"
     echo
     echo "    ${counts[*]}"

@@ -172,6 +172,10 @@ def test_gpu_table_smoke_runs_on_the_cpu(tmp_path):
     for family in ("sd15", "sdxl"):
         rows = [line for line in table.splitlines() if line.startswith(f"| {family} fp16 |")]
         assert [line.split("|")[5].strip() for line in rows] == ["none", "core", "ours-qkv", "fast", "todo-2"]
+    video = [line.split("|") for line in table.splitlines() if line.startswith("| tiny-wan21 fp32 cpu |")]
+    assert [row[3].strip() for row in video] == ["none", "todo-2", "todo-2-t2", "tome-0.5-kv", "tome-0.75-kv"]
+    matching = [float(row[8].strip().rstrip("%")) for row in video]
+    assert matching[:3] == [0, 0, 0] and min(matching[3:]) > 0  # only ToMe matches
     assert "| SD1.5 | Apply ToMe | 1.00 | 0.00 |" in table  # the counts: one host read per model call
 
 
