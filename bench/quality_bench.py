@@ -19,8 +19,8 @@ On the held-out photographs (``tome_harness.photos.HELD_OUT``), for each setting
 
 Every figure is a mean with its standard deviation over photographs and seeds. Pruning (``reduce=PRUNE``)
 drops the very tokens ToMe would merge: merging's gain over it is what averaging buys. On DiTs, the "plain
-mean" rows (``keep_norms=False``) merge queries and keys, and pool keys, by their plain mean, as the pack did
-before this bench showed that the mean shortens them (``tome.norms``). JSON rows go to ``--out``, Markdown
+mean" rows (``keep_norms=False``) merge and pool keys by their plain mean, as the pack did before this bench
+showed that the mean shortens them (``tome.norms``). JSON rows go to ``--out``, Markdown
 tables to standard output.
 """
 
@@ -90,8 +90,8 @@ def settings() -> list[Setting]:
         Setting("ToMe 0.7", tome(0.7)),
         Setting("ToMe 0.75", tome(0.75), video_only=True),  # the README's fast Wan setting before this bench
         Setting("ToMe 0.75 k and v only", tome(0.75, merge=MERGE_KV), video_only=True),  # as fast as ToDo 2
-        # DiTs merged queries and keys, and average-pooled keys, by their plain mean before this bench found
-        # what it costs (tome.norms).
+        # DiTs merged and average-pooled keys by their plain mean before this bench found what it costs
+        # (tome.norms).
         Setting("ToMe 0.5 plain mean", lambda pack, model, layout: pack.dit.apply_tome_dit(
             model, ratio=0.5, keep_norms=False), dit_only=True),
         Setting("prune 0.3", tome(0.3, reduce=PRUNE)),

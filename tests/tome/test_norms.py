@@ -1,5 +1,5 @@
-"""Averaging queries and keys without shortening them (``tome.norms.keeping_norms``), through ToMe's merge and
-ToDo's average pooling on a DiT."""
+"""Averaging keys without shortening them (``tome.norms.keeping_norms``), through ToMe's merge and ToDo's
+average pooling on a DiT."""
 
 import torch
 from hypothesis import given, settings

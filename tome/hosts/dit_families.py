@@ -112,14 +112,10 @@ def wan_layout(latent_shape, patch: Sequence[int], contexts: Iterable[int] = (),
     return image_layout((t - whole, h, w), {ref + t * h * w: ref + whole * h * w}, contexts)
 
 
-HostRead = Callable[[torch.Tensor], list]  # a 1-D tensor's values on the host
+HostRead = Callable[[torch.Tensor], list]  # a 1-D tensor's values on the host (plainly: torch.Tensor.tolist)
 
 
-def tolist(values: torch.Tensor) -> list:
-    return values.tolist()
-
-
-def vace_reference_frames(vace_context: torch.Tensor, read: HostRead = tolist) -> int:
+def vace_reference_frames(vace_context: torch.Tensor, read: HostRead = torch.Tensor.tolist) -> int:
     """How many leading latent frames of a VACE call are reference images, from its ``vace_context``
     ``[B, contexts, 2C + 64, T, H, W]`` (per context: inactive and reactive control latents, ``C`` channels
     each, then a 64-channel mask). ``WanVaceToVideo`` puts the reference image's latent ahead of the control
@@ -251,7 +247,7 @@ class DiTSpec:
     vace_main_blocks: int = 0
     blocks_without_options: bool = False
 
-    def layout(self, latent_shape, text: int, conds: Mapping, read: HostRead = tolist) -> ImageLayout:
+    def layout(self, latent_shape, text: int, conds: Mapping, read: HostRead = torch.Tensor.tolist) -> ImageLayout:
         """The ``ImageLayout`` of one model call with latent ``latent_shape``, ``text`` context tokens and the
         extra ``conds`` the model receives; ``read``: how a family whose layout depends on a tensor's values
         (Wan VACE) reads them to the host (the layout wrapper passes ``ModelCall.read``)."""
