@@ -14,6 +14,13 @@ import dataclasses
 from comfy_api.latest import ComfyExtension, io
 
 from .tome.downsample import METHODS, NEAREST
+from .tome.hosts.comfyui_dit import (
+    DIT_SCOPES,
+    MAX_SKIP_BLOCKS,
+    SCOPE_ATTENTION,
+    SKIP_FIRST_BLOCKS,
+    SKIP_LAST_BLOCKS,
+)
 from .tome.hosts.comfyui_models import apply_todo, apply_tome
 from .tome.hosts.comfyui_unet import DOWNSAMPLE_CHOICES, MERGE_MODES, MERGE_QKV, SCOPE_SELF, SCOPES
 
@@ -54,6 +61,28 @@ def window_inputs(tool: str) -> list[io.Float.Input]:
         io.Float.Input("end_percent", default=1.0, min=0.0, max=1.0, step=0.01,
                        tooltip=f"Stop {tool} after this share of the sampling schedule (1 = last step). "
                                "Must not be below start_percent."),
+    ]
+
+
+def dit_scope_inputs(reduced: str, change: str) -> list[io.Input]:
+    """The block scope's inputs (optional, so graphs saved before them still validate; absent: the attention
+    scope, as before). ``reduced``: what the node does to the image tokens; ``change``: what each token gets."""
+    blocks = ("(double blocks, then single blocks, in the order they run) run whole at dit_scope 'block'. "
+              f"0 to {MAX_SKIP_BLOCKS}; Flux has 57 blocks. The default is provisional, until measured: the first "
+              "and last blocks matter most (AsymRnR, SDTM). No meaning at dit_scope 'attention' or on U-Nets.")
+    return [
+        io.Combo.Input("dit_scope", options=list(DIT_SCOPES), default=SCOPE_ATTENTION, optional=True,
+                       tooltip="DiTs: where the image tokens are reduced. attention: inside each attention call "
+                               "only (as before). block: the whole block (projections, attention and MLP) runs on "
+                               f"the {reduced} image tokens; text and reference tokens stay whole, and each image "
+                               f"token keeps its own residual and gets {change}. Faster, at more cost in fidelity; "
+                               "provisional, not yet measured. The first steps matter most: a start_percent of "
+                               "about 0.2 keeps them whole. Flux, Flux 2 and Chroma so far; other DiTs fall back "
+                               "to attention with a warning. No meaning on U-Nets."),
+        io.Int.Input("skip_first_blocks", default=SKIP_FIRST_BLOCKS, min=0, max=MAX_SKIP_BLOCKS, optional=True,
+                     tooltip="This many of the model's first blocks " + blocks),
+        io.Int.Input("skip_last_blocks", default=SKIP_LAST_BLOCKS, min=0, max=MAX_SKIP_BLOCKS, optional=True,
+                     tooltip="This many of the model's last blocks " + blocks),
     ]
 
 
@@ -122,22 +151,25 @@ class ApplyToMeAdvanced(io.ComfyNode):
                                tooltip="Which modules of a patched block run on the merged tokens. self-attention: "
                                        "the paper's default. Adding cross-attention (its queries) and the MLP is "
                                        "faster, most of all on SDXL with max_downsample 4, at a larger cost in "
-                                       "fidelity. U-Nets only: on a DiT only self-attention is merged."),
+                                       "fidelity. U-Nets only: on a DiT, see dit_scope."),
                 io.Int.Input("reuse_steps", default=1, min=1, max=20, optional=True,
                              tooltip="How many consecutive sampling steps one matching serves. 1: a fresh matching "
                                      "every step (the paper). Larger values skip the similarity search on the steps "
                                      "between, a small saving, at some cost in fidelity as tokens drift from their "
                                      "match. U-Nets only: on a DiT every attention call matches afresh."),
+                *dit_scope_inputs("merged", "its merged token's change (matched on the block's input)"),
             ],
             outputs=[io.Model.Output()])
 
     @classmethod
     def execute(cls, model, ratio, stride_x, stride_y, max_downsample, seed, use_rand, merge, start_percent,
-                end_percent, scope=SCOPE_SELF, reuse_steps=1) -> io.NodeOutput:
+                end_percent, scope=SCOPE_SELF, reuse_steps=1, dit_scope=SCOPE_ATTENTION,
+                skip_first_blocks=SKIP_FIRST_BLOCKS, skip_last_blocks=SKIP_LAST_BLOCKS) -> io.NodeOutput:
         return io.NodeOutput(apply_tome(model, ratio=ratio, stride_x=stride_x, stride_y=stride_y,
                                         max_downsample=max_downsample, seed=seed, use_rand=use_rand, merge=merge,
                                         start_percent=start_percent, end_percent=end_percent, scope=scope,
-                                        reuse_steps=reuse_steps))
+                                        reuse_steps=reuse_steps, dit_scope=dit_scope,
+                                        skip_first_blocks=skip_first_blocks, skip_last_blocks=skip_last_blocks))
 
 
 class ApplyToDo(io.ComfyNode):
@@ -168,15 +200,18 @@ class ApplyToDo(io.ComfyNode):
                              tooltip="Video DiTs (Wan, HunyuanVideo, LTX-Video, Cosmos, Mochi): also pool keys and "
                                      "values over this many frames. 1: frames stay separate. No meaning on images "
                                      "and U-Nets: ignored there."),
+                *dit_scope_inputs("pooled", "its cell's change (a cell runs at its first token's position)"),
             ],
             outputs=[io.Model.Output()])
 
     @classmethod
     def execute(cls, model, downsample_factor, max_downsample, method, start_percent, end_percent,
-                time_factor=1) -> io.NodeOutput:
+                time_factor=1, dit_scope=SCOPE_ATTENTION, skip_first_blocks=SKIP_FIRST_BLOCKS,
+                skip_last_blocks=SKIP_LAST_BLOCKS) -> io.NodeOutput:
         return io.NodeOutput(apply_todo(model, downsample_factor=downsample_factor, max_downsample=max_downsample,
                                         method=method, start_percent=start_percent, end_percent=end_percent,
-                                        time_factor=time_factor))
+                                        time_factor=time_factor, dit_scope=dit_scope,
+                                        skip_first_blocks=skip_first_blocks, skip_last_blocks=skip_last_blocks))
 
 
 class ToMeExtension(ComfyExtension):

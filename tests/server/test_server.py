@@ -29,12 +29,13 @@ def test_ui_workflows_are_up_to_date_with_their_api_twins(server):
 
 
 TOME_INPUTS = {"model", "ratio", "stride_x", "stride_y", "max_downsample"}
+DIT_SCOPE_INPUTS = {"dit_scope", "skip_first_blocks", "skip_last_blocks"}
 NODE_INPUTS = {
     "ApplyToMe": TOME_INPUTS,
     "ApplyToMeAdvanced": TOME_INPUTS | {"seed", "use_rand", "merge", "start_percent", "end_percent", "scope",
-                                        "reuse_steps"},
+                                        "reuse_steps"} | DIT_SCOPE_INPUTS,
     "ApplyToDo": {"model", "downsample_factor", "max_downsample", "method", "start_percent", "end_percent",
-                  "time_factor"},
+                  "time_factor"} | DIT_SCOPE_INPUTS,
 }
 
 

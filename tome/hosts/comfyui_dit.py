@@ -35,6 +35,12 @@ Qwen-Image, Lumina 2), ``[B, L, H*D]`` (Wan, SD3's q and k) and ``[B, L, H, D]``
 a transpose for heads-major tensors), where the image tokens of Flux's strided
 single-block views are gathered without copying whole sequences.
 
+That is the attention scope, the default. At the block scope (``dit_scope``
+``block``) whole blocks run on the reduced image tokens, through ComfyUI's
+``dit`` block replacement (``comfyui_dit_block``; Flux's family so far, every
+other family falls back to the attention scope with a warning); the layout
+wrapper puts those replacements on each model call.
+
 There is one override slot: an override already on the model is kept and
 called instead of ``func``. Patch objects hold only frozen settings (see
 ``comfyui``). No ComfyUI import.
@@ -81,14 +87,21 @@ log = logging.getLogger(__name__)
 OVERRIDE_KEY = "optimized_attention_override"  # the one attention override slot of transformer_options
 LAYOUT_KEY = "tome_layout"  # in a model call's transformer_options: its ImageLayout
 MAIN_BLOCK_KEY = "tome_main_block"  # in a VACE model call's transformer_options: whether a main block is running
+# Where a DiT reduces: inside the attention call (the override), or the whole block (comfyui_dit_block).
+SCOPE_ATTENTION, SCOPE_BLOCK = "attention", "block"
+DIT_SCOPES = (SCOPE_ATTENTION, SCOPE_BLOCK)
+MAX_SKIP_BLOCKS = 100  # skip_first_blocks, skip_last_blocks: up to this many (Flux has 57 blocks, Qwen-Image 60)
 
 
 @dataclass(frozen=True)
 class LayoutWrapper:
     """A keyed ``apply_model`` wrapper: hands the model call a copy of its ``transformer_options`` holding the
-    call's ``ImageLayout`` and its ``ModelCall`` (``comfyui.call_options``)."""
+    call's ``ImageLayout`` and its ``ModelCall`` (``comfyui.call_options``); with ``blocks`` (a
+    ``comfyui_dit_block.BlockScope``), a copy of its block replacements reducing the blocks, made for the call
+    around whatever replacements the call has (another node's, put there before or after ours)."""
 
     spec: DiTSpec
+    blocks: object | None = None
 
     def __call__(self, executor, x, t, c_concat=None, c_crossattn=None, control=None, transformer_options=None,
                  **conds):
@@ -97,6 +110,8 @@ class LayoutWrapper:
         options[LAYOUT_KEY] = self.spec.layout(x.shape, text, conds, model_call(options).read)
         if RUN_KEY not in options:  # a model call outside a sampling run is a run of its own
             options[RUN_KEY] = SamplingRun()
+        if self.blocks is not None:  # first, so that VACE's marks and S2V's options go around it
+            options["patches_replace"] = self.blocks.replacing(options.get("patches_replace") or {})
         if self.spec.vace_main_blocks:
             options[MAIN_BLOCK_KEY] = False
             options["patches_replace"] = with_main_blocks_marked(options.get("patches_replace") or {},
@@ -298,6 +313,8 @@ class DiTToDo:
     method: str
     reach: Reach  # only its sampling window counts on a DiT
     keep_norms: bool = True  # average-pooled keys at their tokens' mean length (tome.norms)
+    scope: str = SCOPE_ATTENTION  # SCOPE_BLOCK: the whole block runs on the pooled tokens (comfyui_dit_block)
+    blocks: frozenset = frozenset()  # at the block scope: the keys of the blocks it reduces
 
 
 @dataclass(frozen=True)
@@ -313,6 +330,8 @@ class DiTToMe:
     merge: str = MERGE_QKV
     reduce: str = MEAN  # PRUNE: the quality bench's baseline, which drops the tokens ToMe would merge
     keep_norms: bool = True  # merged keys at their tokens' mean length (tome.norms)
+    scope: str = SCOPE_ATTENTION  # SCOPE_BLOCK: the whole block runs on the merged tokens (comfyui_dit_block)
+    blocks: frozenset = frozenset()  # at the block scope: the keys of the blocks it reduces
 
 
 def warn_unrecognised(options, length: int, layout: ImageLayout) -> None:
@@ -359,8 +378,8 @@ class DiTReduction:
             return attention(*args, **kwargs)  # MAIN_BLOCK_KEY False: in a VACE control block
         heads_major = bool(kwargs.get("skip_reshape", False))
         q, k, v = (token_major(t, heads_major) for t in args[:3])
-        todo = self.todo if self.todo is not None and self.todo.reach.in_window(options) else None
-        tome = self.tome if self.tome is not None and self.tome.reach.in_window(options) else None
+        todo, tome = (s if s is not None and s.scope == SCOPE_ATTENTION and s.reach.in_window(options) else None
+                      for s in (self.todo, self.tome))
         if todo is None and tome is None:
             return attention(*args, **kwargs)
         # Self-attention only: cross-attention has as many keys as context tokens, never as many as queries
@@ -481,7 +500,10 @@ def with_reduction(model, family: str, reduction: DiTReduction):
             options[OVERRIDE_KEY] = reduction.inner
         return patched
     options[OVERRIDE_KEY] = reduction
-    patched.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, LayoutWrapper(dit_spec(patched, family)))
+    from .comfyui_dit_block import block_keys, block_scope  # it imports this module's helpers
+
+    blocks = block_scope(reduction.todo, reduction.tome, block_keys(patched, family))
+    patched.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, LayoutWrapper(dit_spec(patched, family), blocks))
     patched.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY, start_run)
     return patched
 
@@ -494,8 +516,40 @@ def base_reduction(model) -> DiTReduction:
     return DiTReduction(inner=model.model_options.get("transformer_options", {}).get(OVERRIDE_KEY))
 
 
+# The block scope's provisional defaults (to be chosen by measurement): the first and last blocks matter more
+# (AsymRnR, SDTM), so they stay whole.
+SKIP_FIRST_BLOCKS, SKIP_LAST_BLOCKS = 2, 2
+
+
+def scope_and_blocks(model, family: str, node: str, dit_scope: str, skip_first_blocks: int,
+                     skip_last_blocks: int) -> tuple[str, frozenset]:
+    """The scope a node's settings get on ``model`` and, at the block scope, the keys of the blocks they reduce.
+    A family the block scope does not cover gets the attention scope, with a warning."""
+    check_choice("dit_scope", dit_scope, DIT_SCOPES)
+    check_range("skip_first_blocks", skip_first_blocks, 0, MAX_SKIP_BLOCKS)
+    check_range("skip_last_blocks", skip_last_blocks, 0, MAX_SKIP_BLOCKS)
+    if dit_scope == SCOPE_ATTENTION:
+        return SCOPE_ATTENTION, frozenset()
+    from .comfyui_dit_block import BLOCK_KEYS, block_keys, chosen_blocks  # it imports this module's helpers
+
+    keys = block_keys(model, family)
+    if keys is None:
+        log.warning("%s: dit_scope 'block' does not reach %s's blocks yet (the block scope covers %s); reducing "
+                    "inside its attention calls instead (dit_scope 'attention')", node, type(model.model).__name__,
+                    ", ".join(BLOCK_KEYS))
+        return SCOPE_ATTENTION, frozenset()
+    blocks = chosen_blocks(keys, skip_first_blocks, skip_last_blocks)
+    if not blocks:
+        log.warning("%s: skip_first_blocks %d and skip_last_blocks %d leave none of this model's %d blocks to "
+                    "reduce at the block scope: nothing is reduced", node, skip_first_blocks, skip_last_blocks,
+                    len(keys))
+    return SCOPE_BLOCK, blocks
+
+
 def apply_todo_dit(model, *, downsample_factor: int, method: str = NEAREST, time_factor: int = 1,
-                   start_percent: float = 0.0, end_percent: float = 1.0, keep_norms: bool = True):
+                   start_percent: float = 0.0, end_percent: float = 1.0, keep_norms: bool = True,
+                   dit_scope: str = SCOPE_ATTENTION, skip_first_blocks: int = SKIP_FIRST_BLOCKS,
+                   skip_last_blocks: int = SKIP_LAST_BLOCKS):
     """Clone ``model`` (a DiT) with ToDo's key/value pooling in its image self-attention.
 
     ``downsample_factor`` pools ``factor x factor`` cells of the image grid,
@@ -503,6 +557,10 @@ def apply_todo_dit(model, *, downsample_factor: int, method: str = NEAREST, time
     ToDo. A second call replaces the first. ``keep_norms`` (no node offers
     it) False pools keys by their plain mean with ``average``, shorter than
     they are (``tome.norms``; the quality bench measures what that costs).
+    ``dit_scope`` ``block``: the image tokens are pooled at the entry of each
+    block but the first ``skip_first_blocks`` and last ``skip_last_blocks``,
+    the whole block runs on them, and each token gets its cell's change
+    (``comfyui_dit_block``).
     """
     family = known_family(model, "Apply ToDo")
     if family is None:
@@ -510,11 +568,13 @@ def apply_todo_dit(model, *, downsample_factor: int, method: str = NEAREST, time
     check_range("downsample_factor", downsample_factor, 1, 8)
     check_range("time_factor", time_factor, 1, 8)
     check_choice("method", method, METHODS)
+    scope, blocks = scope_and_blocks(model, family, "Apply ToDo", dit_scope, skip_first_blocks, skip_last_blocks)
     current = base_reduction(model)
     todo = None
     if downsample_factor > 1 or time_factor > 1:
         todo = DiTToDo(downsample_factor, time_factor, method,
-                       Reach(1, *sigma_window(model, start_percent, end_percent)), keep_norms=keep_norms)
+                       Reach(1, *sigma_window(model, start_percent, end_percent)), keep_norms=keep_norms,
+                       scope=scope, blocks=blocks)
     if todo is None and current.todo is None:
         return model
     return with_reduction(model, family, dataclasses.replace(current, todo=todo))
@@ -522,12 +582,17 @@ def apply_todo_dit(model, *, downsample_factor: int, method: str = NEAREST, time
 
 def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, seed: int = 0,
                    use_rand: bool = True, merge: str = MERGE_QKV, start_percent: float = 0.0,
-                   end_percent: float = 1.0, reduce: str = MEAN, keep_norms: bool = True):
+                   end_percent: float = 1.0, reduce: str = MEAN, keep_norms: bool = True,
+                   dit_scope: str = SCOPE_ATTENTION, skip_first_blocks: int = SKIP_FIRST_BLOCKS,
+                   skip_last_blocks: int = SKIP_LAST_BLOCKS):
     """Clone ``model`` (a DiT) with ToMe in its image self-attention: the image tokens of q, k and v (or those
     ``merge`` names) merged per frame, the queries unmerged after. Ratio 0 removes an earlier ToMe; a second
-    call replaces the first. No node offers the last two: ``reduce``, ``MEAN`` (ToMe) or ``PRUNE`` (the same
-    tokens dropped: the quality bench's baseline); ``keep_norms`` False merges keys by their plain mean, shorter
-    than they are (``tome.norms``; the quality bench measures what that costs)."""
+    call replaces the first. ``dit_scope`` ``block``: the image tokens are merged at the entry of each block but
+    the first ``skip_first_blocks`` and last ``skip_last_blocks`` (matched on the block's input), the whole block
+    runs on them, and each token gets its merged token's change (``comfyui_dit_block``; ``merge`` has no meaning
+    there). No node offers ``reduce``, ``MEAN`` (ToMe) or ``PRUNE`` (the same tokens dropped: the quality bench's
+    baseline), and ``keep_norms``: False merges keys by their plain mean, shorter than they are (``tome.norms``;
+    the quality bench measures what that costs)."""
     family = known_family(model, "Apply ToMe")
     if family is None:
         return model
@@ -536,6 +601,10 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
     check_range("stride_y", stride_y, 1, 8)
     check_choice("merge", merge, MERGE_MODES)
     check_choice("reduce", reduce, REDUCTIONS)
+    scope, blocks = scope_and_blocks(model, family, "Apply ToMe", dit_scope, skip_first_blocks, skip_last_blocks)
+    if scope == SCOPE_BLOCK and merge != MERGE_QKV and ratio > 0.0:
+        log.warning("Apply ToMe: merge=%r has no meaning at dit_scope 'block' (the whole block runs on the merged "
+                    "tokens) and is ignored", merge)
     current = base_reduction(model)
     if ratio <= 0.0 and current.tome is None:
         return model
@@ -543,5 +612,6 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
     tome = None
     if ratio > 0.0:
         tome = DiTToMe(ratio, stride_x, stride_y, Reach(1, *sigma_window(model, start_percent, end_percent)),
-                       seed=seed, use_rand=use_rand, merge=merge, reduce=reduce, keep_norms=keep_norms)
+                       seed=seed, use_rand=use_rand, merge=merge, reduce=reduce, keep_norms=keep_norms,
+                       scope=scope, blocks=blocks)
     return with_reduction(model, family, dataclasses.replace(current, tome=tome))

@@ -12,6 +12,7 @@ import logging
 from ..downsample import NEAREST
 from ..merge import MEAN
 from . import comfyui_dit, comfyui_unet
+from .comfyui_dit import SCOPE_ATTENTION, SKIP_FIRST_BLOCKS, SKIP_LAST_BLOCKS
 from .comfyui_unet import MERGE_QKV, SCOPE_SELF
 
 log = logging.getLogger(__name__)
@@ -25,12 +26,21 @@ def warn_ignored(node: str, model, inputs: dict[str, tuple[object, object]]) -> 
                     type(model.model).__name__)
 
 
+def dit_inputs(dit_scope: str, skip_first_blocks: int, skip_last_blocks: int) -> dict:
+    """The DiT-only inputs, as ``warn_ignored`` takes them."""
+    return {"dit_scope": (dit_scope, SCOPE_ATTENTION), "skip_first_blocks": (skip_first_blocks, SKIP_FIRST_BLOCKS),
+            "skip_last_blocks": (skip_last_blocks, SKIP_LAST_BLOCKS)}
+
+
 def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max_downsample: str = "auto",
                seed: int = 0, use_rand: bool = True, merge: str = MERGE_QKV, start_percent: float = 0.0,
-               end_percent: float = 1.0, scope: str = SCOPE_SELF, reuse_steps: int = 1, reduce: str = MEAN):
+               end_percent: float = 1.0, scope: str = SCOPE_SELF, reuse_steps: int = 1, reduce: str = MEAN,
+               dit_scope: str = SCOPE_ATTENTION, skip_first_blocks: int = SKIP_FIRST_BLOCKS,
+               skip_last_blocks: int = SKIP_LAST_BLOCKS):
     """Apply ToMe's inputs to ``model``, a U-Net or a DiT; returns the patched clone (or ``model``). ``reduce``
     (``MEAN``, or the quality bench's ``PRUNE`` baseline) is no node input."""
     if comfyui_dit.dit_family(model) is None:
+        warn_ignored("Apply ToMe", model, dit_inputs(dit_scope, skip_first_blocks, skip_last_blocks))
         return comfyui_unet.apply_tome(model, ratio=ratio, stride_x=stride_x, stride_y=stride_y,
                                        max_downsample=max_downsample, seed=seed, use_rand=use_rand, merge=merge,
                                        start_percent=start_percent, end_percent=end_percent, scope=scope,
@@ -39,17 +49,22 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
                                        "reuse_steps": (reuse_steps, 1)})
     return comfyui_dit.apply_tome_dit(model, ratio=ratio, stride_x=stride_x, stride_y=stride_y, seed=seed,
                                       use_rand=use_rand, merge=merge, start_percent=start_percent,
-                                      end_percent=end_percent, reduce=reduce)
+                                      end_percent=end_percent, reduce=reduce, dit_scope=dit_scope,
+                                      skip_first_blocks=skip_first_blocks, skip_last_blocks=skip_last_blocks)
 
 
 def apply_todo(model, *, downsample_factor: int, max_downsample: str = "auto", method: str = NEAREST,
-               start_percent: float = 0.0, end_percent: float = 1.0, time_factor: int = 1):
+               start_percent: float = 0.0, end_percent: float = 1.0, time_factor: int = 1,
+               dit_scope: str = SCOPE_ATTENTION, skip_first_blocks: int = SKIP_FIRST_BLOCKS,
+               skip_last_blocks: int = SKIP_LAST_BLOCKS):
     """Apply ToDo's inputs to ``model``, a U-Net or a DiT; returns the patched clone (or ``model``)."""
     if comfyui_dit.dit_family(model) is None:
-        warn_ignored("Apply ToDo", model, {"time_factor": (time_factor, 1)})
+        warn_ignored("Apply ToDo", model, {"time_factor": (time_factor, 1),
+                                           **dit_inputs(dit_scope, skip_first_blocks, skip_last_blocks)})
         return comfyui_unet.apply_todo(model, downsample_factor=downsample_factor, max_downsample=max_downsample,
                                        method=method, start_percent=start_percent, end_percent=end_percent)
     warn_ignored("Apply ToDo", model, {"max_downsample": (max_downsample, "auto")})
     return comfyui_dit.apply_todo_dit(model, downsample_factor=downsample_factor, method=method,
                                       time_factor=time_factor, start_percent=start_percent,
-                                      end_percent=end_percent)
+                                      end_percent=end_percent, dit_scope=dit_scope,
+                                      skip_first_blocks=skip_first_blocks, skip_last_blocks=skip_last_blocks)
