@@ -1,9 +1,12 @@
 """What each setting costs in image quality, on the small models trained here (``bench/train_models.py``).
 
-    .venv/bin/python bench/quality_bench.py                       # every layout and setting (minutes)
+    .venv/bin/python bench/quality_bench.py                       # every judge and setting (an hour or more)
     .venv/bin/python bench/quality_bench.py --layout sd15 --smoke  # seconds: one photograph and seed, 2 steps
+    .venv/bin/python bench/quality_bench.py --depth                # each block's change of the image tokens
     .venv/bin/python bench/quality_bench.py --picture docs/quality.png   # the README's picture too
 
+The judges are the models of the real footprint (``tm.GENERATIONS``); ``--layout`` names any trained
+model, the first small ones too (``sd15``, ``flux``, ...), for the figures of both side by side.
 Everything runs in the real host: ComfyUI in-process (PyTorch SDPA attention, CPU, fp32), the pack as
 ComfyUI loads it, the trained weights in ComfyUI's own model classes, sampling through ``comfy.sample``.
 On the held-out photographs (``tome_harness.photos.HELD_OUT``), for each setting against no patch:
@@ -27,6 +30,7 @@ tables to standard output.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -284,6 +288,54 @@ def attention_locality(model, layout: tm.Layout, latents: torch.Tensor) -> dict[
             "uniform 3x3": 9 / (n_image * frames), "calls": len(masses)}
 
 
+# Each transformer block class the trained models use: where its image tokens come in (from the call's positional
+# and keyword arguments, as ComfyUI 0.3.75 calls it) and go out. A DiT's image tokens are the last tokens of what
+# a block holds (Flux's single-stream blocks hold [text | image]; the others the image alone).
+BLOCK_IMAGE = {
+    "DoubleStreamBlock": (lambda args, kwargs: kwargs["img"], lambda out: out[0]),
+    "SingleStreamBlock": (lambda args, kwargs: args[0], lambda out: out),
+    "JointBlock": (lambda args, kwargs: args[1], lambda out: out[1]),
+    "WanAttentionBlock": (lambda args, kwargs: args[0], lambda out: out),
+    "BasicTransformerBlock": (lambda args, kwargs: args[0], lambda out: out),
+}
+
+
+def block_changes(model, layout: tm.Layout, latents: torch.Tensor) -> list[float]:
+    """How much each transformer block changes the image tokens, in the order the blocks run, over one x0
+    prediction at half the schedule: ``|out - in| / |in|`` over the batch. Deep real models change their
+    hidden states by a small part at each block (what block caches rely on); a setting whose error grows with a
+    block's change is judged harshly by a model whose blocks change them a lot. The input is copied before the
+    block runs: ComfyUI's blocks add into it in place."""
+    tokens = 0 if layout.is_unet else (layout.size // 2) ** 2 * max(layout.frames, 1)
+    changes, handles = [], []
+
+    def image(x):
+        return x[:, -tokens:] if tokens else x
+
+    for module in model.model.diffusion_model.modules():
+        found = BLOCK_IMAGE.get(type(module).__name__)
+        if found is None:
+            continue
+        taken_in, given_out = found
+        seen = {}
+
+        def before(_, args, kwargs, taken_in=taken_in, seen=seen):
+            seen["in"] = image(taken_in(args, kwargs)).clone()
+
+        def after(_, args, kwargs, out, given_out=given_out, seen=seen):
+            start = seen.pop("in")
+            changes.append(float((image(given_out(out)) - start).norm() / start.norm()))
+
+        handles += [module.register_forward_pre_hook(before, with_kwargs=True),
+                    module.register_forward_hook(after, with_kwargs=True)]
+    try:
+        predict_x0(model, layout, latents, 0.5, seed=0)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return changes
+
+
 # Reports.
 
 def cell(figure: dict, digits: int) -> str:
@@ -310,57 +362,147 @@ def markdown(rows: list[dict], percents=tm.EVAL_PERCENTS) -> str:
     return "\n".join(out)
 
 
-def picture(pack, path: Path, layouts: list[tm.Layout], names=("none", "ToMe 0.5", "ToDo 2",
-                                                                  "core TomePatchModel 0.5", "prune 0.5")) -> None:
-    """The README's picture: one held-out photograph per layout (a row each), noised to half the schedule and
-    denoised (img2img, denoise 0.5) with no patch, ToMe 0.5, ToDo 2, the core node (U-Nets) and pruning
-    0.5, each labelled with its PSNR against the photograph."""
+FAMILY_NAMES = {"SD15": "SD1.5", "SDXL": "SDXL", "SD3": "SD3.5", "Flux": "Flux", "WAN21_T2V": "Wan 2.1"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One of the bench's findings, as a claim that the first of ``settings`` is the cheapest by ``metric``."""
+
+    claim: str
+    metric: str  # a key of a row
+    settings: tuple[str, ...]
+    higher_is_better: bool = False  # PSNR; x0 change is better low
+
+
+FINDINGS = (
+    *(Finding(f"merging costs less than pruning, ratio {r}", "x0 change 0.5", (f"ToMe {r}", f"prune {r}"))
+      for r in (0.3, 0.5, 0.7)),
+    *(Finding(f"merging costs less than pruning over img2img, ratio {r}", "img2img PSNR", (f"ToMe {r}", f"prune {r}"),
+              higher_is_better=True) for r in (0.3, 0.5, 0.7)),
+    Finding("merged keys at their tokens' length cost less than their plain mean", "x0 change 0.5",
+            ("ToMe 0.5", "ToMe 0.5 plain mean")),
+    Finding("k and v only is ToMe's cheapest (then q only, then q, k and v)", "x0 change 0.5",
+            ("ToMe 0.5 k and v only", "ToMe 0.5 q only", "ToMe 0.5")),
+    Finding("a window sparing the first steps costs less (samples from noise)", "sample PSNR",
+            ("ToDo 2 from 0.3", "ToDo 2"), higher_is_better=True),
+    Finding("ToDo average costs less than nearest", "x0 change 0.5", ("ToDo 2 average", "ToDo 2")),
+    Finding("the default scope costs less than the widest", "x0 change 0.5", ("ToMe 0.5", "ToMe 0.5 widest scope")),
+)
+
+
+def finding_cell(finding: Finding, rows: dict[str, dict]) -> str | None:
+    """The figures of ``finding``'s settings in one layout's ``rows`` (by setting), and whether the claim holds
+    there; None where the layout lacks one of the settings."""
+    if not all(name in rows for name in finding.settings):
+        return None
+    values = [rows[name][finding.metric]["mean"] for name in finding.settings]
+    digits = 1 if finding.higher_is_better else 3
+    holds = all((a > b) if finding.higher_is_better else (a < b) for a, b in itertools.pairwise(values))
+    return " / ".join(f"{v:.{digits}f}" for v in values) + (" holds" if holds else " **fails**")
+
+
+def findings_table(rows: list[dict]) -> str:
+    """Each finding on each family, on the first (small) judges and on the judges of the real footprint side by
+    side, from one or more runs' JSON rows."""
+    by_layout: dict[str, dict[str, dict]] = {}
+    for row in rows:
+        by_layout.setdefault(row["layout"], {})[row["setting"]] = row
+    pairs = {}  # family: (small layout, real-footprint layout)
+    for small, real in zip(tm.GENERATIONS["small"], tm.GENERATIONS["real footprint"], strict=True):
+        pairs[FAMILY_NAMES[tm.LAYOUTS[small].config_class]] = (small, real)
+    out = ["| finding | figure | family | small judges | real-footprint judges |", "|---|---|---|---|---|"]
+    for finding in FINDINGS:
+        for family, (small, real) in pairs.items():
+            cells = [finding_cell(finding, by_layout[name]) if name in by_layout else None for name in (small, real)]
+            if cells == [None, None]:
+                continue
+            figure = f"{finding.metric}: " + " / ".join(finding.settings)
+            out.append(f"| {finding.claim} | {figure} | {family} | {cells[0] or '-'} | {cells[1] or '-'} |")
+    return "\n".join(out)
+
+
+PICTURE_SETTINGS = ("ToMe 0.5", "ToDo 2", "core TomePatchModel 0.5", "prune 0.5")
+DIFFERENCE_GAIN = 8  # the difference maps: |setting - no patch| per pixel, times this
+
+
+def noised_pixels(model, layout: tm.Layout, latent: torch.Tensor, seed: int) -> torch.Tensor:
+    """What an img2img run of ``sample(..., denoise=DENOISE)`` starts from, in pixels: the photograph's latent
+    noised to the first sigma of its schedule."""
+    import comfy.samplers
+
+    sampling = model.model.model_sampling
+    sigma = comfy.samplers.calculate_sigmas(sampling, SCHEDULER, int(STEPS / DENOISE))[-(STEPS + 1)]
+    return tm.to_pixels(tm.noised(model.model, latent, sigma.view(1), noise_like(latent, seed)), layout)
+
+
+def picture(pack, path: Path, layouts: list[tm.Layout], names=PICTURE_SETTINGS, tile: int = 192) -> None:
+    """The README's picture: one held-out photograph per layout (a row each; a clip's middle frame), the
+    noisy input of an img2img run (denoise 0.5 of 20 steps), its output with no patch, and with each setting
+    of ``names`` beside an amplified map of where it differs from no patch; the PSNR of each output against
+    the unpatched one under it."""
     from PIL import Image, ImageDraw
 
-    tile, label = 128, 14
+    label, margin = 14, 76
     by_name = {s.name: s for s in settings()}
-    columns = ["photograph", *names]
-    sheet = Image.new("RGB", (tile * len(columns) + 70, (tile + label) * len(layouts) + label), "white")
+    columns = ["photograph", "noisy input", "no patch"]
+    for name in names:
+        short = name.replace("core TomePatchModel", "core")
+        columns += [short, f"x{DIFFERENCE_GAIN} difference"]
+    sheet = Image.new("RGB", (margin + tile * len(columns), label + (tile + label) * len(layouts)), "white")
     draw = ImageDraw.Draw(sheet)
     for i, name in enumerate(columns):
-        draw.text((70 + i * tile + 4, 0), name.replace("core TomePatchModel", "core"), fill="black")
+        draw.text((margin + i * tile + 4, 0), name, fill="black")
+
+    def frame(image: torch.Tensor) -> torch.Tensor:
+        return image[:, image.shape[1] // 2] if image.ndim == 4 else image
+
     for row, layout in enumerate(layouts):
         model = tm.trained(layout)
         photo = tm.held_out_pixels(layout)[:1]
         latent = tm.to_latent(photo, layout)
         y = label + row * (tile + label)
         draw.text((4, y + tile // 2), layout.name, fill="black")
-        images = [(photo[0], None)]
+        reference = to_pixels(model, sample(model, layout, latent, 0, STEPS, DENOISE), layout)[0]
+        tiles = [(photo[0], ""), (noised_pixels(model, layout, latent, 0)[0], ""), (reference, "")]
         for name in names:
             setting = by_name[name]
             if not setting.applies_to(layout):
-                images.append((None, None))
+                tiles += [(None, ""), (None, "")]
                 continue
             out = to_pixels(model, sample(setting.patch(pack, model, layout), layout, latent, 0, STEPS, DENOISE),
                             layout)[0]
-            images.append((out, psnr(out, photo[0])))
-        for col, (image, value) in enumerate(images):
+            difference = ((out - reference).abs().mean(0, keepdim=True) * DIFFERENCE_GAIN).clamp(0, 1).expand(3,
+                                                                                                        *out.shape[1:])
+            tiles += [(out, f"{psnr(out, reference):.1f} dB"), (difference, "")]
+        for col, (image, text) in enumerate(tiles):
             if image is None:
                 continue
-            frame = image[:, image.shape[1] // 2] if image.ndim == 4 else image  # a clip: its middle frame
-            array = (frame.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
-            sheet.paste(Image.fromarray(array).resize((tile, tile), Image.NEAREST), (70 + col * tile, y))
-            if value is not None:
-                draw.text((70 + col * tile + 4, y + tile), f"{value:.1f} dB", fill="black")
+            array = (frame(image).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+            sheet.paste(Image.fromarray(array).resize((tile, tile), Image.LANCZOS), (margin + col * tile, y))
+            draw.text((margin + col * tile + 4, y + tile), text, fill="black")
     sheet.save(path)
 
 
 @torch.inference_mode()  # as ComfyUI runs a prompt
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layout", action="append", choices=list(tm.LAYOUTS), help="repeatable; default: all")
+    parser.add_argument("--layout", action="append", choices=list(tm.LAYOUTS),
+                        help="repeatable; default: the committed judges of the real footprint")
     parser.add_argument("--setting", action="append", help="a setting by name (repeatable; default: all)")
     parser.add_argument("--smoke", action="store_true", help="one photograph, one seed, one noise level, 2 steps")
     parser.add_argument("--out", type=Path, help="write the JSON rows here")
     parser.add_argument("--picture", type=Path, help="also draw the README's picture here (PNG)")
     parser.add_argument("--locality", action="store_true",
                         help="instead: how local each DiT's image self-attention is (what ToDo nearest costs)")
+    parser.add_argument("--depth", action="store_true",
+                        help="instead: how much each transformer block changes the image tokens")
+    parser.add_argument("--findings", type=Path, nargs="+", metavar="JSON",
+                        help="instead: the findings table from these runs' rows (both generations side by side)")
     args = parser.parse_args(argv)
+    if args.findings:
+        print(findings_table([row for path in args.findings for row in json.loads(path.read_text())]))
+        return 0
     nodes = comfyui_host.boot_in_process(Path(tempfile.mkdtemp()) / "custom_nodes", attention="sdpa")
 
     class Pack:
@@ -369,12 +511,19 @@ def main(argv=None) -> int:
         nodes_module = nodes
 
     chosen = [s for s in settings() if args.setting is None or s.name in args.setting]
-    layouts = [tm.LAYOUTS[name] for name in args.layout or tm.LAYOUTS]
+    layouts = [tm.LAYOUTS[name] for name in args.layout or tm.committed(tm.GENERATIONS["real footprint"])]
     if args.locality:
         print("| model | attention on the own key | on the 3x3 neighbourhood | 3x3 if uniform |\n|---|---|---|---|")
         for layout in (layout for layout in layouts if not layout.is_unet):
             found = attention_locality(tm.trained(layout), layout, tm.held_out_latents(layout))
             print(f"| {layout.name} | {found['own key']:.3f} | {found['3x3']:.3f} | {found['uniform 3x3']:.3f} |")
+        return 0
+    if args.depth:
+        print("| model | footprint | blocks | change of the image tokens per block | median |\n|---|---|---|---|---|")
+        for layout in layouts:
+            found = block_changes(tm.trained(layout), layout, tm.held_out_latents(layout))
+            print(f"| {layout.name} | {layout.footprint} | {len(found)} | {', '.join(f'{c:.2f}' for c in found)} | "
+                  f"{statistics.median(found):.2f} |")
         return 0
     rows = []
     for layout in layouts:

@@ -28,7 +28,7 @@ MATE_PHOTOS = ("Aqua", "Blinds", "Dune", "FreshFlower", "Garden", "GreenMeadow",
 SKIMAGE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "motorcycle_left")
 # Never trained on: two of each source, of different content (an insect close up, a sky, a cat, a cup).
 HELD_OUT = ("LadyBird", "Storm", "chelsea", "coffee")
-LONG_SIDE = 512  # every photograph is kept at most this large: the crops are small, the wallpapers 4K
+LONG_SIDE = 512  # every photograph is kept at most this large for crops up to half of it (the wallpapers are 4K)
 
 
 class MissingPhotographs(RuntimeError):
@@ -54,14 +54,21 @@ def photo_path(name: str) -> Path:
     return path
 
 
+def long_side_for(out: int) -> int:
+    """How large a photograph is kept for crops of ``out`` pixels: ``LONG_SIDE``, or twice ``out`` where that is
+    larger, so that a crop of the real models' footprint (512 or 1024 px) is not upsampled from the 4K
+    wallpapers (scikit-image's photographs are about 512 px: they are)."""
+    return max(LONG_SIDE, 2 * out)
+
+
 @functools.cache
-def load(name: str) -> torch.Tensor:
-    """The photograph ``name`` as ``[3, H, W]`` in ``[0, 1]``, its long side at most ``LONG_SIDE``."""
+def load(name: str, long_side: int = LONG_SIDE) -> torch.Tensor:
+    """The photograph ``name`` as ``[3, H, W]`` in ``[0, 1]``, its long side at most ``long_side``."""
     from PIL import Image
 
     with Image.open(photo_path(name)) as image:
         image = image.convert("RGB")
-        scale = LONG_SIDE / max(image.size)
+        scale = long_side / max(image.size)
         if scale < 1:
             image = image.resize((round(image.width * scale), round(image.height * scale)), Image.LANCZOS)
         array = np.asarray(image, dtype=np.float32) / 255.0
@@ -102,7 +109,7 @@ class CropSampler:
 
     def __post_init__(self):
         self.names = self.names or training_names()
-        self.images = [load(n) for n in self.names]
+        self.images = [load(n, long_side_for(self.out)) for n in self.names]
         self.generator = torch.Generator().manual_seed(self.seed)
 
     def _uniform(self, low: float, high: float) -> float:
@@ -143,14 +150,14 @@ def pan_zoom(photo: torch.Tensor, start: tuple[float, float, float], end: tuple[
 
 def held_out_images(out: int) -> torch.Tensor:
     """``[len(HELD_OUT), 3, out, out]``: the centred square of every held-out photograph."""
-    return torch.stack([center_crop(load(n), out) for n in HELD_OUT])
+    return torch.stack([center_crop(load(n, long_side_for(out)), out) for n in HELD_OUT])
 
 
 def held_out_clips(out: int, frames: int) -> torch.Tensor:
     """``[len(HELD_OUT), 3, frames, out, out]``: a fixed slow pan and zoom-in over each held-out photograph."""
     clips = []
     for name in HELD_OUT:
-        photo = load(name)
+        photo = load(name, long_side_for(out))
         _, h, w = photo.shape
         size = min(h, w)
         start = ((h - size) / 2, (w - size) / 2, size)

@@ -5,15 +5,23 @@ setting costs on these: SD1.5's and SDXL's U-Nets, SD3.5's MMDiT, Flux (double
 and single stream, RoPE) and Wan 2.1 (3D RoPE, video), built from ComfyUI's
 model configurations with small widths. Each keeps its family's block
 structure, positional encoding, patching and sampling (EPS on the U-Nets,
-rectified flow with the family's shift on the DiTs). SDXL's deep stacks are cut
-from 10 to 4 blocks to keep its weights under 10 MB; its levels, and the full
-resolution level without attention, are SDXL's.
+rectified flow with the family's shift on the DiTs).
 
-There is no VAE. ``to_latent`` is a fixed, invertible map: pixels in
-``[-1, 1]``, space-to-depth by ``pixel_factor`` (1 for the 4-channel U-Nets,
-2 for the 16-channel DiTs: 12 channels), zero channels up to the latent's. A
-latent of side ``s`` thus has the token grid a real model has for an image of
-``8 s`` pixels, and holds a photograph of ``pixel_factor * s`` pixels.
+Two generations of judges (``GENERATIONS``):
+
+- ``real footprint`` (``sd15-512``, ``sdxl-1024``, ``sd35-512``, ``flux-512``,
+  ``wan21-512``): each sees a photograph at a real resolution of its family
+  through the real token grid, a latent pixel standing for an 8x8 pixel patch
+  as in the real VAEs (``tome_harness.patch_map``: the principal components of
+  8x8x3 patches, 4 for the U-Nets, 16 for the DiTs), and the DiTs are deeper
+  (8 to 9 blocks, Wan 6). Trained under bf16 autocast (the CPU's bf16 units).
+- ``small`` (``sd15``, ``sdxl``, ``sd35``, ``flux``, ``wan21``): the first judges,
+  kept so that every finding can be shown on both. A photograph of 32 to 64 px,
+  space-to-depth by ``pixel_factor`` (1 for the 4-channel U-Nets, 2 for the
+  16-channel DiTs: 12 channels) with zero channels up to the latent's: the
+  token grid of an image of ``8 s`` pixels, each token covering 4 to 8 times
+  the share of the picture it covers in the real model. 3 to 5 blocks; SDXL's
+  deep stacks cut from 10 to 4.
 
 Training goes through ``model.apply_model``, the host's own call, with the
 conditioning the sampler builds (``encode_model_conds``). ComfyUI's classes are
@@ -26,9 +34,10 @@ denoisers of photographs. Needs ComfyUI on ``sys.path``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -36,6 +45,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from . import dit_models, random_models
+from .patch_map import PATCH, PatchMap
 
 WEIGHTS = Path(__file__).resolve().parent / "weights"
 CONTEXT_DIM = 32
@@ -51,7 +61,7 @@ class Layout:
     config_class: str  # the class in comfy.supported_models
     config: dict
     latent_channels: int
-    pixel_factor: int  # space-to-depth factor of the pixel map
+    pixel_factor: int  # the side of the pixel patch a latent pixel stands for
     size: int  # the latent's side, trained and measured
     frames: int = 0  # latent frames of a video model (0: images)
     pooled: int = 0  # width of the pooled text vector the model takes (0: none)
@@ -59,12 +69,22 @@ class Layout:
     batch: int = 8
     lr: float = 1e-3
     seed: int = 0
+    patch_map: bool = False  # the latent is the patch map's components (pixel_factor 8), not space-to-depth
+    bf16: bool = False  # trained under bf16 autocast (master weights in fp32); always measured in fp32
     extra: dict = field(default_factory=dict)
 
     @property
     def pixels(self) -> int:
         """The side of the photographs this model sees."""
         return self.size * self.pixel_factor
+
+    @property
+    def footprint(self) -> str:
+        """What the model sees, for every figure measured on it: the real resolution whose token grid it has,
+        and the photograph's size."""
+        grid = f"{self.size}x{self.size} latent ({8 * self.size} px grid"
+        clip = f", {self.frames} frames" if self.frames else ""
+        return f"{grid}{clip}), photographs of {self.pixels} px"
 
     @property
     def is_unet(self) -> bool:
@@ -80,61 +100,110 @@ def _unet(family: str, **changes) -> dict:
     return dict(random_models.UNET_CONFIGS[family], model_channels=32, context_dim=CONTEXT_DIM, **changes)
 
 
-LAYOUTS = {
-    layout.name: layout for layout in (
-        Layout("sd15", "SD15", _unet("sd15", channel_mult=[1, 2, 2, 2], num_heads=2), latent_channels=4,
-               pixel_factor=1, size=32, steps=600, batch=4),
-        Layout("sdxl", "SDXL", _unet("sdxl", channel_mult=[1, 2, 2], num_head_channels=16,
-                                     transformer_depth=[0, 0, 2, 2, 4, 4], transformer_depth_middle=4,
-                                     transformer_depth_output=[0, 0, 0, 2, 2, 2, 4, 4, 4]),
-               latent_channels=4, pixel_factor=1, size=64, pooled=1280, steps=600, batch=4),
-        Layout("sd35", "SD3", {  # SD3.5 medium's layout: joint blocks, the first two with the image-only attn2
-            "in_channels": 16, "patch_size": 2, "out_channels": 16, "depth": 3, "input_size": None,
-            "adm_in_channels": CONTEXT_DIM, "pos_embed_max_size": 16, "num_patches": 16 * 16, "qk_norm": "rms",
-            "context_embedder_config": {"target": "torch.nn.Linear",
-                                        "params": {"in_features": CONTEXT_DIM, "out_features": 192}},
-            "pos_embed_scaling_factor": None, "x_block_self_attn_layers": [0, 1],
-        }, latent_channels=16, pixel_factor=2, size=32, pooled=CONTEXT_DIM, steps=1200, batch=12),
-        Layout("flux", "Flux", {
-            "image_model": "flux", "in_channels": 16, "patch_size": 2, "out_channels": 16, "vec_in_dim": CONTEXT_DIM,
-            "context_in_dim": CONTEXT_DIM, "hidden_size": 128, "mlp_ratio": 3.0, "num_heads": 2, "depth": 2,
-            "depth_single_blocks": 3, "axes_dim": [16, 24, 24], "theta": 10000, "qkv_bias": True,
-            "guidance_embed": True,
-        }, latent_channels=16, pixel_factor=2, size=32, pooled=CONTEXT_DIM, steps=1500, batch=12),
-        Layout("wan21", "WAN21_T2V", {
-            "image_model": "wan2.1", "model_type": "t2v", "dim": 128, "out_dim": 16, "num_heads": 2, "ffn_dim": 384,
-            "num_layers": 4, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
-            "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16, "text_dim": CONTEXT_DIM,
-        }, latent_channels=16, pixel_factor=2, size=32, frames=5, steps=400, batch=4),
-    )
-}
+SMALL = (
+    Layout("sd15", "SD15", _unet("sd15", channel_mult=[1, 2, 2, 2], num_heads=2), latent_channels=4,
+           pixel_factor=1, size=32, steps=600, batch=4),
+    Layout("sdxl", "SDXL", _unet("sdxl", channel_mult=[1, 2, 2], num_head_channels=16,
+                                 transformer_depth=[0, 0, 2, 2, 4, 4], transformer_depth_middle=4,
+                                 transformer_depth_output=[0, 0, 0, 2, 2, 2, 4, 4, 4]),
+           latent_channels=4, pixel_factor=1, size=64, pooled=1280, steps=600, batch=4),
+    Layout("sd35", "SD3", {  # SD3.5 medium's layout: joint blocks, the first two with the image-only attn2
+        "in_channels": 16, "patch_size": 2, "out_channels": 16, "depth": 3, "input_size": None,
+        "adm_in_channels": CONTEXT_DIM, "pos_embed_max_size": 16, "num_patches": 16 * 16, "qk_norm": "rms",
+        "context_embedder_config": {"target": "torch.nn.Linear",
+                                    "params": {"in_features": CONTEXT_DIM, "out_features": 192}},
+        "pos_embed_scaling_factor": None, "x_block_self_attn_layers": [0, 1],
+    }, latent_channels=16, pixel_factor=2, size=32, pooled=CONTEXT_DIM, steps=1200, batch=12),
+    Layout("flux", "Flux", {
+        "image_model": "flux", "in_channels": 16, "patch_size": 2, "out_channels": 16, "vec_in_dim": CONTEXT_DIM,
+        "context_in_dim": CONTEXT_DIM, "hidden_size": 128, "mlp_ratio": 3.0, "num_heads": 2, "depth": 2,
+        "depth_single_blocks": 3, "axes_dim": [16, 24, 24], "theta": 10000, "qkv_bias": True,
+        "guidance_embed": True,
+    }, latent_channels=16, pixel_factor=2, size=32, pooled=CONTEXT_DIM, steps=1500, batch=12),
+    Layout("wan21", "WAN21_T2V", {
+        "image_model": "wan2.1", "model_type": "t2v", "dim": 128, "out_dim": 16, "num_heads": 2, "ffn_dim": 384,
+        "num_layers": 4, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
+        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16, "text_dim": CONTEXT_DIM,
+    }, latent_channels=16, pixel_factor=2, size=32, frames=5, steps=400, batch=4),
+)
+
+
+def _real(layout: Layout, size: int, config: dict, **recipe) -> Layout:
+    """``layout``'s family at the real footprint: a latent of ``size`` (``8 size`` px), each latent pixel an
+    8x8 patch through the patch map."""
+    return replace(layout, name=f"{layout.name}-{8 * size}", config=config, pixel_factor=PATCH,
+                               size=size, patch_map=True, bf16=True, **recipe)
+
+
+_small = {layout.name: layout for layout in SMALL}
+REAL_FOOTPRINT = (
+    # SD1.5 at 512 px: all sixteen transformer blocks of SD1.5 (one per level and res block), 4096 tokens at the
+    # top level.
+    _real(_small["sd15"], 64, _small["sd15"].config, steps=280, batch=4),
+    # SDXL at 1024 px: levels 2 and 3 at 64x64 and 32x32, as SDXL's at 1024 px.
+    _real(_small["sdxl"], 128, _small["sdxl"].config, steps=450, batch=2),
+    # SD3.5 medium's layout, 8 joint blocks (MMDiT's width is 64 per depth: depth 2 and num_blocks 8 keep it
+    # at 128), the image-only attn2 in the first half as in SD3.5 medium (13 of 24).
+    _real(_small["sd35"], 64, dict(
+        _small["sd35"].config, depth=2, num_blocks=8, mlp_ratio=3.0, pos_embed_max_size=32, num_patches=32 * 32,
+        x_block_self_attn_layers=[0, 1, 2, 3],
+        context_embedder_config={"target": "torch.nn.Linear",
+                                 "params": {"in_features": CONTEXT_DIM, "out_features": 128}}),
+        steps=1400, batch=4, lr=5e-4),
+    # Flux: 3 double-stream and 6 single-stream blocks (Flux: 19 and 38).
+    _real(_small["flux"], 64, dict(_small["flux"].config, depth=3, depth_single_blocks=6), steps=1500, batch=4,
+          lr=5e-4),
+    # Wan 2.1: 6 blocks, 5 latent frames of 32x32 tokens (5120 tokens).
+    _real(_small["wan21"], 64, dict(_small["wan21"].config, num_layers=6), steps=360, batch=2, lr=5e-4),
+)
+GENERATIONS = {"real footprint": tuple(layout.name for layout in REAL_FOOTPRINT),
+               "small": tuple(layout.name for layout in SMALL)}
+LAYOUTS = {layout.name: layout for layout in SMALL + REAL_FOOTPRINT}
 
 
 # The pixel map.
 
+def patch_map_path(channels: int) -> Path:
+    return WEIGHTS / f"patch_map_{channels}.safetensors"
+
+
+@functools.cache
+def patch_map(channels: int) -> PatchMap:
+    """The committed patch map of ``channels`` components, checked against its recorded hash."""
+    return PatchMap.load(checked(patch_map_path(channels)))
+
+
 def to_latent(pixels: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """Photographs ``[B, 3, H, W]`` (or clips ``[B, 3, T, H, W]``) in ``[0, 1]`` as the layout's latent:
-    ``[-1, 1]``, space-to-depth by ``pixel_factor``, zero channels up to ``latent_channels``."""
+    """Photographs ``[B, 3, H, W]`` (or clips ``[B, 3, T, H, W]``) in ``[0, 1]`` as the layout's latent, from
+    ``[-1, 1]``: the patch map's components, or space-to-depth by ``pixel_factor`` with zero channels up to
+    ``latent_channels``."""
     x = pixels * 2 - 1
     video = x.ndim == 5
     if video:  # frames into the batch
         b, c, t, h, w = x.shape
         x = x.transpose(1, 2).reshape(b * t, c, h, w)
-    x = F.pixel_unshuffle(x, layout.pixel_factor)
-    x = F.pad(x, (0, 0, 0, 0, 0, layout.latent_channels - x.shape[1]))
+    if layout.patch_map:
+        x = patch_map(layout.latent_channels).encode(x)
+    else:
+        x = F.pixel_unshuffle(x, layout.pixel_factor)
+        x = F.pad(x, (0, 0, 0, 0, 0, layout.latent_channels - x.shape[1]))
     if video:
         x = x.reshape(b, t, *x.shape[1:]).transpose(1, 2)
     return x
 
 
 def to_pixels(latent: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """The inverse of ``to_latent`` (the zero channels dropped), clamped to ``[0, 1]``."""
+    """The inverse of ``to_latent`` (the zero channels dropped; what the patch map's components hold), clamped
+    to ``[0, 1]``."""
     video = latent.ndim == 5
     x = latent
     if video:
         b, c, t, h, w = x.shape
         x = x.transpose(1, 2).reshape(b * t, c, h, w)
-    x = F.pixel_shuffle(x[:, :3 * layout.pixel_factor ** 2], layout.pixel_factor)
+    if layout.patch_map:
+        x = patch_map(layout.latent_channels).decode(x)
+    else:
+        x = F.pixel_shuffle(x[:, :3 * layout.pixel_factor ** 2], layout.pixel_factor)
     if video:
         x = x.reshape(b, t, *x.shape[1:]).transpose(1, 2)
     return ((x + 1) / 2).clamp(0, 1)
@@ -187,6 +256,20 @@ def recorded_hashes() -> dict[str, str]:
     return {name.strip(): digest for digest, name in (line.split(maxsplit=1) for line in lines if line.strip())}
 
 
+def committed(names) -> list[str]:
+    """Those of the layouts ``names`` whose weights are committed (recorded in ``SHA256SUMS``): a recipe can
+    stand here before ``bench/train_models.py`` has trained it."""
+    hashes = recorded_hashes()
+    return [name for name in names if weights_path(LAYOUTS[name]).name in hashes]
+
+
+def checked(path: Path) -> Path:
+    """``path``, after checking the file against its hash in ``SHA256SUMS``."""
+    if recorded_hashes().get(path.name) != sha256(path):
+        raise RuntimeError(f"{path} does not match its hash in SHA256SUMS: rerun bench/train_models.py")
+    return path
+
+
 def trained(layout: Layout):
     """A ComfyUI ``ModelPatcher`` of ``layout`` with its committed weights, loaded the way ``UNETLoader`` loads
     a diffusion model's state dict (``get_model`` then ``load_model_weights``, in float32 on the CPU), after
@@ -194,10 +277,7 @@ def trained(layout: Layout):
     import comfy.model_patcher
     import comfy.utils
 
-    path = weights_path(layout)
-    digest = recorded_hashes().get(path.name)
-    if digest != sha256(path):
-        raise RuntimeError(f"{path} does not match its hash in SHA256SUMS: rerun bench/train_models.py")
+    path = checked(weights_path(layout))
     state_dict = {k: v.float() for k, v in comfy.utils.load_torch_file(str(path)).items()}
     model = model_config(layout).get_model(state_dict, "", device="cpu")
     model.load_model_weights(state_dict, "")
