@@ -4,7 +4,10 @@ Tiny random-weight Flux models of the real layout (one double and one single
 block; Flux 2 and Chroma too), through the real ComfyUI classes and sampler,
 cond and uncond of different text lengths (7 and 5 tokens) on a 10x12 latent:
 a 5x6 grid of 30 image tokens. ToMe at ratio 0.5 leaves 15 of them, ToDo at
-factor 2 a 3x3 grid of 9.
+factor 2 a 3x3 grid of 9. Then SD3.5 (two joint blocks, the first with its
+image-only attn2), Wan 2.1 (two blocks, 3 frames of that grid: 90 tokens, 45
+merged, 27 pooled; i2v, Fun's reference frame, VACE, TI2V-5B's per-frame
+modulation, Animate's reference frame) and Qwen-Image (two double blocks).
 """
 
 import logging
@@ -47,10 +50,14 @@ def conditioning(references=None):
                  for text in (COND_TEXT, UNCOND_TEXT))
 
 
-def sample(comfy_nodes, model, family="flux", seed=3, steps=2, references=None):
-    """A real KSampler run at cfg 2; ``references``: conds naming reference latents (Kontext)."""
-    positive, negative = conditioning(references)
-    latent = {"samples": torch.zeros(LATENTS[family])}
+def sample(comfy_nodes, model, family="flux", seed=3, steps=2, references=None, conditioned=None):
+    """A real KSampler run at cfg 2; ``references``: conds naming reference latents (Kontext); ``conditioned``:
+    the ``(positive, negative, latent)`` a conditioning node made, in place of the test's own."""
+    if conditioned is not None:
+        positive, negative, latent = conditioned
+    else:
+        positive, negative = conditioning(references)
+        latent = {"samples": torch.zeros({**LATENTS, **FAMILY_LATENTS}[family])}
     (out,) = comfy_nodes.KSampler().sample(model, seed, steps, 2.0, "euler", "normal", positive, negative, latent)
     return out["samples"]
 
@@ -197,23 +204,43 @@ def test_skip_first_and_last_blocks_choose_the_blocks_in_the_order_they_run(comf
         assert {call[2] for call in blocks if call[0] == "single"} == {COND_TEXT + single, UNCOND_TEXT + single}
 
 
-def run_block(block, scope_todo=None, scope_tome=None, key=("double_block", 0), inner=None, img=None, txt=None):
-    """One call of our replacement of ``key``, on a 5x6 image (batch 2) after 7 text tokens, around ``inner``
-    (the block): ``(args given, result)``."""
+# One call of our replacement, per family: its latent (batch 2), where the image starts in the layout's sequence,
+# and the args ComfyUI's block replacement gets (``img``, ``txt`` and ``pe``).
+UNIT_FRAMES = {"flux": 1, "sd3": 1, "wan": 3, "qwen_image": 1}
+
+
+def unit_layout(families, family):
+    return {"flux": lambda: families.flux_layout((2, 16, 10, 12), 2, COND_TEXT),
+            "sd3": lambda: families.sd3_layout((2, 16, 10, 12), 2, COND_TEXT),
+            "wan": lambda: families.wan_layout((2, 16, 3, 10, 12), (1, 2, 2), [COND_TEXT]),
+            "qwen_image": lambda: families.qwen_image_layout((2, 16, 10, 12), 2, COND_TEXT)}[family]()
+
+
+def run_block(block, scope_todo=None, scope_tome=None, key=("double_block", 0), inner=None, img=None, txt=None,
+              family="flux", vec=None, layout=None):
+    """One call of our replacement of ``key`` on a model of ``family``, on a 5x6 image (batch 2; Wan: 3 frames)
+    after 7 text tokens (Wan: the text apart, as cross-attention context; SD3: no rotary table), around
+    ``inner`` (the block): ``(args given, result)``."""
     from tome_harness import comfyui as comfyui_host
 
     dit = comfyui_host.pack_module("tome.hosts.comfyui_dit")
     families = comfyui_host.pack_module("tome.hosts.dit_families")
     generator = torch.Generator().manual_seed(11)
-    layout = families.flux_layout((2, 16, 10, 12), 2, COND_TEXT)
-    img = torch.randn(2, IMAGE, 8, generator=generator) if img is None else img
+    layout = unit_layout(families, family) if layout is None else layout
+    n = IMAGE * UNIT_FRAMES[family]
+    img = torch.randn(2, n, 8, generator=generator) if img is None else img
     txt = torch.randn(2, COND_TEXT, 8, generator=generator) if txt is None else txt
-    pe = torch.randn(1, 1, COND_TEXT + IMAGE, 2, 2, 2, generator=generator)
     options = {dit.LAYOUT_KEY: layout}
-    args = {"img": img, "txt": txt, "vec": None, "pe": pe, "transformer_options": options}
+    if family == "wan":  # [1, L, 1, D/2, 2, 2]: the video's tokens alone
+        pe = torch.randn(1, img.shape[1], 1, 2, 2, 2, generator=generator)
+    else:  # [1, 1, L, D/2, 2, 2] over [txt | img]
+        pe = torch.randn(1, 1, COND_TEXT + n, 2, 2, 2, generator=generator)
+    args = {"img": img, "txt": txt, "vec": vec, "pe": pe, "transformer_options": options}
+    if family == "sd3":
+        del args["pe"]
     if key[0] == "single_block":
-        args = {"img": torch.cat([txt, img], 1), "vec": None, "pe": pe, "transformer_options": options}
-    scope = block.BlockScope(scope_todo, scope_tome, (key,))
+        args = {"img": torch.cat([txt, img], 1), "vec": vec, "pe": pe, "transformer_options": options}
+    scope = block.BlockScope(scope_todo, scope_tome, (key,), family)
     replacement = block.BlockReduction(scope, key, inner)
     given = {name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in args.items()}
     out = replacement(args, {"original_block": lambda a: pytest.fail("the inner replacement runs the block")})
@@ -227,12 +254,17 @@ def settings(pack, kind, **changes):
     keys = frozenset({("double_block", 0), ("single_block", 0)})
     if kind == "tome":
         return pack.dit.DiTToMe(0.5, 2, 2, reach, scope="block", blocks=keys, **changes)
-    return pack.dit.DiTToDo(2, 1, changes.pop("method", "nearest"), reach, scope="block", blocks=keys, **changes)
+    return pack.dit.DiTToDo(2, changes.pop("time_factor", 1), changes.pop("method", "nearest"), reach, scope="block",
+                            blocks=keys, **changes)
 
 
-@pytest.mark.parametrize("key", [("double_block", 0), ("single_block", 0)])
+UNIT_CASES = [("flux", ("double_block", 0)), ("flux", ("single_block", 0)), ("sd3", ("double_block", 0)),
+              ("wan", ("double_block", 0)), ("qwen_image", ("double_block", 0))]
+
+
+@pytest.mark.parametrize("family,key", UNIT_CASES)
 @pytest.mark.parametrize("kind", ["tome", "todo"])
-def test_each_token_keeps_its_residual_and_gets_its_reduced_tokens_change(pack, block, key, kind):
+def test_each_token_keeps_its_residual_and_gets_its_reduced_tokens_change(pack, block, family, key, kind):
     """A block that adds into its input in place, a change of its own for every token it gets (a function of
     the token): each image token's output minus its input is the change of the token it was reduced into, the
     text's output is the block's, and the tensor the block was given is the caller's untouched."""
@@ -249,21 +281,23 @@ def test_each_token_keeps_its_residual_and_gets_its_reduced_tokens_change(pack, 
         return {"img": x}
 
     given, out = run_block(block, *((None, settings(pack, "tome")) if kind == "tome" else (settings(pack, "todo"),)),
-                           key=key, inner=in_place_block)
+                           key=key, inner=in_place_block, family=family)
     text = 0 if key[0] == "double_block" else COND_TEXT
-    kept = MERGED if kind == "tome" else POOLED
+    frames = UNIT_FRAMES[family]
+    kept = (MERGED if kind == "tome" else POOLED) * frames
     assert seen["in"].shape[1] == text + kept
     full_in = given["img"][:, text:]
-    change = (out["img"][:, text:] - full_in)  # [2, 30, 8]
+    change = (out["img"][:, text:] - full_in)  # [2, 30 * frames, 8]
     reduced_change = (seen["out"] - seen["in"])[:, text:]  # [2, kept, 8]
     # Every token's change is one of its batch element's reduced changes; as many distinct ones as kept tokens.
     distance = torch.cdist(change, reduced_change, compute_mode="donot_use_mm_for_euclid_dist")  # [2, 30, kept]
     assert distance.min(dim=-1).values.max() < 1e-5
     assert {len(set(distance[b].argmin(dim=-1).tolist())) for b in range(2)} == {kept}
     if kind == "todo":  # nearest: a cell's token is its top-left one, and every token of a cell gets its change
-        cells = (torch.arange(5)[:, None] // 2 * 3 + torch.arange(6)[None, :] // 2).flatten()
-        torch.testing.assert_close(seen["in"][:, text:], full_in.unflatten(1, (5, 6))[:, ::2, ::2].flatten(1, 2),
-                                   rtol=0, atol=0)
+        cells = torch.cat([frame * 9 + (torch.arange(5)[:, None] // 2 * 3 + torch.arange(6)[None, :] // 2).flatten()
+                           for frame in range(frames)])
+        torch.testing.assert_close(seen["in"][:, text:],
+                                   full_in.unflatten(1, (frames, 5, 6))[:, :, ::2, ::2].flatten(1, 3), rtol=0, atol=0)
         torch.testing.assert_close(change, reduced_change[:, cells])
     if key[0] == "double_block":
         torch.testing.assert_close(out["txt"], given["txt"] + 2.0, rtol=0, atol=0)
@@ -271,38 +305,98 @@ def test_each_token_keeps_its_residual_and_gets_its_reduced_tokens_change(pack, 
         torch.testing.assert_close(out["img"][:, :text], seen["out"][:, :text], rtol=0, atol=0)
 
 
-def test_merged_tokens_run_at_their_destinations_positions(pack, block):
-    """The rotary table reaching the block has the text's entries, then each merged token's own entry (a
-    destination's, or an unmerged token's): gathered per batch element, each an entry of the image's."""
+@pytest.mark.parametrize("family", ["flux", "wan", "qwen_image"])
+def test_merged_tokens_run_at_their_destinations_positions(pack, block, family):
+    """The rotary table reaching the block has the text's entries (Flux, Qwen-Image), then each merged token's
+    own entry (a destination's, or an unmerged token's): gathered per batch element, each an entry of the image's.
+    Wan's table is token-major and covers the video alone."""
     seen = {}
 
     def inner(args, extra):
         seen["pe"] = args["pe"]
         return {"img": args["img"], "txt": args["txt"]}
 
-    given, _ = run_block(block, None, settings(pack, "tome"), inner=inner)
-    pe = given["pe"]
-    assert seen["pe"].shape == (2, 1, COND_TEXT + MERGED, 2, 2, 2)
-    torch.testing.assert_close(seen["pe"][:, :, :COND_TEXT], pe[:, :, :COND_TEXT].expand(2, -1, -1, -1, -1, -1),
-                               rtol=0, atol=0)
-    image = pe[0, 0, COND_TEXT:].flatten(1)  # [30, 8]
+    given, _ = run_block(block, None, settings(pack, "tome"), inner=inner, family=family)
+    axis, text = (1, 0) if family == "wan" else (2, COND_TEXT)
+    kept = MERGED * UNIT_FRAMES[family]
+    pe, got = given["pe"].movedim(axis, 1), seen["pe"].movedim(axis, 1)  # [B or 1, L, 1, 2, 2, 2]
+    assert got.shape == (2, text + kept, 1, 2, 2, 2)
+    torch.testing.assert_close(got[:, :text], pe[:, :text].expand(2, -1, -1, -1, -1, -1), rtol=0, atol=0)
+    image = pe[0, text:].flatten(1)  # [30 * frames, 8]
     for b in range(2):
-        merged = seen["pe"][b, 0, COND_TEXT:].flatten(1)
+        merged = got[b, text:].flatten(1)
         index = torch.cdist(merged, image, compute_mode="donot_use_mm_for_euclid_dist").argmin(dim=-1)
         torch.testing.assert_close(merged, image[index], rtol=0, atol=0)
-        assert len(set(index.tolist())) == MERGED
+        assert len(set(index.tolist())) == kept
 
 
-def test_pooled_cells_run_at_their_first_tokens_positions(pack, block):
+@pytest.mark.parametrize("family", ["flux", "wan"])
+def test_pooled_cells_run_at_their_first_tokens_positions(pack, block, family):
     seen = {}
 
     def inner(args, extra):
         seen["pe"] = args["pe"]
         return {"img": args["img"], "txt": args["txt"]}
 
-    given, _ = run_block(block, settings(pack, "todo", method="average"), inner=inner)
-    image = given["pe"][:, :, COND_TEXT:].unflatten(2, (5, 6))[:, :, ::2, ::2].flatten(2, 3)
-    torch.testing.assert_close(seen["pe"][:, :, COND_TEXT:], image.expand(2, -1, -1, -1, -1, -1), rtol=0, atol=0)
+    given, _ = run_block(block, settings(pack, "todo", method="average"), inner=inner, family=family)
+    axis, text, frames = (1, 0, 3) if family == "wan" else (2, COND_TEXT, 1)
+    pe, got = given["pe"].movedim(axis, 1), seen["pe"].movedim(axis, 1)
+    image = pe[:, text:].unflatten(1, (frames, 5, 6))[:, :, ::2, ::2].flatten(1, 3)
+    torch.testing.assert_close(got[:, text:], image.expand(2, -1, -1, -1, -1, -1), rtol=0, atol=0)
+
+
+def test_sd3_blocks_get_no_rotary_table_and_its_last_blocks_text_stays_none(pack, block):
+    """SD3's tokens carry their learned positions: nothing to gather, and no ``pe`` appears in the args. Its last
+    joint block (``pre_only``) gives no text back: ``None`` passes through."""
+    seen = {}
+
+    def inner(args, extra):
+        seen["args"] = dict(args)
+        return {"img": args["img"] + 1.0, "txt": None}
+
+    given, out = run_block(block, None, settings(pack, "tome"), inner=inner, family="sd3")
+    assert "pe" not in seen["args"] and seen["args"]["img"].shape[1] == MERGED
+    assert out["txt"] is None
+    torch.testing.assert_close(out["img"], given["img"] + 1.0)
+
+
+@pytest.mark.parametrize("kind,frames", [("todo", 2), ("tome", 3)])
+def test_wans_per_frame_modulation_follows_the_frames(pack, block, kind, frames):
+    """Wan 2.2 TI2V-5B's start image gives each latent frame its own modulation ``vec [B, T, 6, C]``, which the
+    block repeats over each frame's tokens: pooled over 2 frames (time_factor 2), the block gets the first frame
+    of each cell's; merged within frames, every frame's."""
+    seen = {}
+
+    def inner(args, extra):
+        seen["vec"], seen["img"] = args["vec"], args["img"]
+        return {"img": args["img"], "txt": args["txt"]}
+
+    vec = torch.randn(2, 3, 6, 8, generator=torch.Generator().manual_seed(2))
+    scope = settings(pack, "todo", time_factor=2) if kind == "todo" else settings(pack, "tome")
+    run_block(block, *((scope,) if kind == "todo" else (None, scope)), inner=inner, family="wan", vec=vec)
+    torch.testing.assert_close(seen["vec"], vec[:, ::2] if kind == "todo" else vec, rtol=0, atol=0)
+    assert seen["vec"].shape[1] == frames and seen["img"].shape[1] % frames == 0
+
+
+def test_a_per_frame_modulation_beside_a_reference_frame_runs_the_block_whole(pack, block, caplog):
+    """A per-frame modulation with a reference frame ahead of the video (a combination no Wan model makes today):
+    the reduced frames would not share it out evenly, so the block runs whole, with one warning per run."""
+    from tome_harness import comfyui as comfyui_host
+
+    families = comfyui_host.pack_module("tome.hosts.dit_families")
+    layout = families.wan_layout((2, 16, 3, 10, 12), (1, 2, 2), [COND_TEXT], reference=(2, 16, 10, 12))
+    seen = {}
+
+    def inner(args, extra):
+        seen["img"] = args["img"]
+        return {"img": args["img"], "txt": args["txt"]}
+
+    img = torch.randn(2, 30 + 90, 8)
+    with caplog.at_level(logging.WARNING):
+        run_block(block, settings(pack, "todo"), inner=inner, family="wan", img=img, layout=layout,
+                  vec=torch.randn(2, 4, 6, 8))
+    assert seen["img"].shape[1] == 120
+    assert "do not match its tokens one for one" in caplog.text
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
@@ -347,16 +441,263 @@ def test_flux_through_the_sampler_same_seed_same_image_and_not_the_attention_sco
     assert (first - sample(comfy_nodes, flux)).abs().max() > 1e-3
 
 
-def test_a_family_without_the_block_scope_falls_back_to_attention_with_a_warning(comfy_nodes, pack, caplog):
-    lumina = dit_models.build_dit_model("lumina2")
+# SD3.5, Wan 2.1 and Qwen-Image through the sampler. Per model: its latent, the attribute holding its blocks, and
+# from a block's forward call its (image stream tokens, text tokens or None).
+FAMILY_LATENTS = {"sd3": (1, 16, 10, 12), "wan21": (1, 16, 3, 10, 12), "qwen_image": (1, 16, 1, 10, 12),
+                  "wan21_fun": (1, 16, 3, 10, 12), "wan21_vace": (1, 16, 3, 10, 12), "wan21_i2v": (1, 16, 3, 10, 12)}
+FAMILY_BLOCKS = {
+    "sd3": ("joint_blocks", lambda args, kwargs: (args[1].shape[1], args[0].shape[1])),  # (context, x)
+    "wan21": ("blocks", lambda args, kwargs: (args[0].shape[1], None)),  # the text is cross-attention context
+    "qwen_image": ("transformer_blocks",
+                   lambda args, kwargs: (kwargs["hidden_states"].shape[1], kwargs["encoder_hidden_states"].shape[1])),
+}
+FRAMES = {"sd3": 1, "wan21": 3, "qwen_image": 1}
+
+
+def family_trace(model, family, calls):
+    """Forward pre-hooks on every block of ``model``: ``(block index, image tokens, text tokens)`` per call."""
+    name, entry = FAMILY_BLOCKS.get(family, FAMILY_BLOCKS["wan21"])
+    blocks = getattr(model.get_model_object("diffusion_model"), name)
+    return [module.register_forward_pre_hook(lambda m, a, k, i=i: calls.append((i, *entry(a, k))), with_kwargs=True)
+            for i, module in enumerate(blocks)]
+
+
+def record_lengths(calls):
+    """An attention override noting the (query, key) lengths of every call, whatever the tensor layout."""
+
+    def record(func, *args, **kwargs):
+        axis = 2 if kwargs.get("skip_reshape", False) else 1  # [B, H, L, D] or [B, L, ...]
+        calls.append((args[0].shape[axis], args[1].shape[axis]))
+        return func(*args, **kwargs)
+
+    return record
+
+
+def family_traced(comfy_nodes, model, apply, family, references=None, conditioned=None):
+    attention, blocks = [], []
+    patched = apply(with_override(model, record_lengths(attention)))
+    handles = family_trace(model, family, blocks)
+    try:
+        out = sample(comfy_nodes, patched, family, references=references, conditioned=conditioned)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out, blocks, attention
+
+
+@pytest.fixture(scope="module")
+def family_models(comfy_nodes):
+    return {name: dit_models.build_dit_model(name) for name in FAMILY_BLOCKS}
+
+
+APPLY = {"tome": lambda pack: lambda m: pack.dit.apply_tome_dit(m, ratio=0.5, **BLOCKS),
+         "todo": lambda pack: lambda m: pack.dit.apply_todo_dit(m, downsample_factor=2, **BLOCKS)}
+
+
+@pytest.mark.parametrize("family", list(FAMILY_BLOCKS))
+@pytest.mark.parametrize("node", ["tome", "todo"])
+def test_sd3_wan_and_qwen_image_blocks_and_their_attention_run_on_the_reduced_image(comfy_nodes, pack, family_models,
+                                                                                    family, node):
+    """Every block call gets the reduced image (per frame: 15 merged or 9 pooled of 30) and the whole text; every
+    attention call sees what its block has: SD3's joint attention the text and the image, its attn2 (block 0)
+    the image alone; Wan's self-attention the video, its cross-attention the video's queries and the text's keys;
+    Qwen-Image's joint attention the text and the image."""
+    kept = (MERGED if node == "tome" else POOLED) * FRAMES[family]
+    out, blocks, attention = family_traced(comfy_nodes, family_models[family], APPLY[node](pack), family)
+    assert torch.isfinite(out).all()
+    texts = (COND_TEXT, UNCOND_TEXT)
+    if family == "wan21":
+        assert set(blocks) == {(i, kept, None) for i in range(2)}
+        assert set(attention) == {(kept, kept)} | {(kept, text) for text in texts}
+    else:
+        assert set(blocks) == {(i, kept, text) for i in range(2) for text in texts}
+        expected = {(text + kept, text + kept) for text in texts}
+        assert set(attention) == (expected | {(kept, kept)} if family == "sd3" else expected)
+    assert len(blocks) == 2 * 2 * 2  # 2 blocks, cond and uncond, 2 steps: every block call reduced
+
+
+@pytest.mark.parametrize("family", list(FAMILY_BLOCKS))
+def test_sd3_wan_and_qwen_image_ratio_0_factor_1_and_steps_outside_the_window_are_the_model_bit_for_bit(
+        comfy_nodes, pack, family_models, family):
+    model = family_models[family]
+    reference = sample(comfy_nodes, model, family)
+    both = pack.dit.apply_tome_dit(pack.dit.apply_todo_dit(model, downsample_factor=2, **BLOCKS), ratio=0.5, **BLOCKS)
+    removed = pack.dit.apply_todo_dit(pack.dit.apply_tome_dit(both, ratio=0.0, **BLOCKS), downsample_factor=1,
+                                      **BLOCKS)
+    windowed = pack.dit.apply_tome_dit(model, ratio=0.5, start_percent=0.5, end_percent=0.6, **BLOCKS)
+    for patched in (removed, windowed):
+        torch.testing.assert_close(sample(comfy_nodes, patched, family), reference, rtol=0, atol=0)
+    reduced = sample(comfy_nodes, both, family)
+    assert torch.isfinite(reduced).all() and (reduced - reference).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("family", list(FAMILY_BLOCKS))
+def test_sd3_wan_and_qwen_image_same_seed_same_image_and_not_the_attention_scopes(comfy_nodes, pack, family_models,
+                                                                                  family):
+    model = family_models[family]
+    block_scope = pack.dit.apply_tome_dit(model, ratio=0.5, seed=7, **BLOCKS)
+    first, second = sample(comfy_nodes, block_scope, family), sample(comfy_nodes, block_scope, family)
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    attention_scope = sample(comfy_nodes, pack.dit.apply_tome_dit(model, ratio=0.5, seed=7), family)
+    assert (first - attention_scope).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("family", list(FAMILY_BLOCKS))
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_another_nodes_block_replacement_runs_on_the_reduced_tokens_of_sd3_wan_and_qwen_image(
+        comfy_nodes, pack, family_models, family, when):
+    replaced = []
+
+    def other_nodes_block(args, extra):
+        replaced.append(args["img"].shape[1])
+        return extra["original_block"](args)
+
+    def put(model):
+        model = model.clone()
+        model.set_model_patch_replace(other_nodes_block, "dit", "double_block", 1)
+        return model
+
+    model = family_models[family]
+    apply = APPLY["tome"](pack)
+    patched = apply(put(model)) if when == "before" else put(apply(model))
+    assert torch.isfinite(sample(comfy_nodes, patched, family)).all()
+    assert replaced == [MERGED * FRAMES[family]] * (2 * 2)  # block 1, cond and uncond, 2 steps
+
+
+def test_wan_reference_frames_stay_whole(comfy_nodes, pack):
+    """Wan Fun's reference image is one frame of 30 tokens ahead of the video: it enters every block whole, the
+    three video frames pooled (27 tokens) behind it; self-attention sees both."""
+    model = dit_models.build_dit_model("wan21_fun")
+    references = {"reference_latents": [torch.randn(1, 16, 1, 10, 12, generator=torch.Generator().manual_seed(4))]}
+    out, blocks, attention = family_traced(comfy_nodes, model, APPLY["todo"](pack), "wan21_fun", references)
+    assert torch.isfinite(out).all()
+    assert set(blocks) == {(i, 30 + 27, None) for i in range(2)}
+    assert (30 + 27, 30 + 27) in attention
+
+
+def test_wan_vace_main_blocks_are_reduced_and_its_control_blocks_stay_whole(comfy_nodes, pack):
+    """VACE: our replacement composes with the main blocks' marks: the main blocks get the merged video, the
+    control block attends over the whole control video (90 tokens) on the model's full input, and another node's
+    replacement on main block 1 still runs, inside ours."""
+    model = dit_models.build_dit_model("wan21_vace").clone()
+    replaced = []
+
+    def other_nodes_block(args, extra):
+        replaced.append(args["img"].shape[1])
+        return extra["original_block"](args)
+
+    model.set_model_patch_replace(other_nodes_block, "dit", "double_block", 1)
+    out, blocks, attention = family_traced(comfy_nodes, model, APPLY["tome"](pack), "wan21_vace")
+    assert torch.isfinite(out).all()
+    assert {tokens for _, tokens, _ in blocks} == {45}
+    assert (90, 90) in attention and (45, 45) in attention
+    assert replaced == [45] * (2 * 2)
+
+
+def test_wan_22_animate_reduces_the_video_behind_its_whole_reference_frame(comfy_nodes, pack):
+    """Wan 2.2 Animate (its own node's conditioning: a reference frame ahead of 3 video frames): the reference
+    frame's 30 tokens stay whole, the video is pooled; its face adapter and pose latents see the full video."""
+    from comfy_extras.nodes_wan import WanAnimateToVideo
+
+    generator = torch.Generator().manual_seed(9)
+    positive, negative = conditioning()
+    conditioned = WanAnimateToVideo.execute(positive, negative, dit_models.build_wan21_vae(), 96, 80, 9, 1, 5, 0,
+                                            reference_image=torch.rand(1, 80, 96, 3, generator=generator),
+                                            pose_video=torch.rand(9, 80, 96, 3, generator=generator)).result[:3]
+    model = dit_models.build_dit_model("wan22_animate")
+    out, blocks, _ = family_traced(comfy_nodes, model, APPLY["todo"](pack), "wan22_animate",
+                                   conditioned=conditioned)
+    assert torch.isfinite(out).all()
+    assert {tokens for _, tokens, _ in blocks} == {30 + 27}
+
+
+def test_wan_i2v_blocks_attend_the_merged_video_to_the_text_and_the_image_tokens(comfy_nodes, pack):
+    """Wan 2.1 i2v: the start image enters as channels, CLIP vision's 4 tokens as a second cross-attention; both
+    cross-attentions get the merged video's queries."""
+    import comfy.clip_vision
+
+    clip = comfy.clip_vision.Output()
+    clip["penultimate_hidden_states"] = torch.randn(1, 4, 1280, generator=torch.Generator().manual_seed(6))
+    model = dit_models.build_dit_model("wan21_i2v")
+    out, blocks, attention = family_traced(comfy_nodes, model, APPLY["tome"](pack), "wan21_i2v",
+                                           references={"clip_vision_output": clip})
+    assert torch.isfinite(out).all()
+    assert {tokens for _, tokens, _ in blocks} == {45}
+    assert set(attention) == {(45, 45), (45, 4), (45, COND_TEXT), (45, UNCOND_TEXT)}
+
+
+@pytest.mark.parametrize("node,tokens", [("todo", 2 * POOLED), ("tome", 3 * MERGED)])
+def test_wan_22_5b_with_a_start_image_gives_each_frame_its_modulation(comfy_nodes, pack, node, tokens):
+    """TI2V-5B with a start image (the noise mask ``Wan22ImageToVideoLatent`` makes: frame 0 kept) runs each latent
+    frame at its own timestep, one modulation per frame: ToDo pooling 2 frames in time gives the block 2 pooled
+    frames (and their first frames' modulation), ToMe 3 merged frames; the sample stays finite."""
+    model = dit_models.build_dit_model("wan22_5b")
+    mask = torch.ones(1, 1, 3, 10, 12)
+    mask[:, :, 0] = 0.0
+    positive, negative = conditioning()
+    latent = {"samples": torch.randn(1, 48, 3, 10, 12, generator=torch.Generator().manual_seed(3)),
+              "noise_mask": mask}
+    apply = {"todo": lambda m: pack.dit.apply_todo_dit(m, downsample_factor=2, time_factor=2, **BLOCKS),
+             "tome": lambda m: pack.dit.apply_tome_dit(m, ratio=0.5, **BLOCKS)}[node]
+    seen = []
+
+    def other_nodes_block(args, extra):  # inside ours: what the block gets
+        seen.append((args["img"].shape[1], tuple(args["vec"].shape[:2])))
+        return extra["original_block"](args)
+
+    patched = apply(model).clone()
+    patched.set_model_patch_replace(other_nodes_block, "dit", "double_block", 0)
+    out = sample(comfy_nodes, patched, "wan22_5b", conditioned=(positive, negative, latent))
+    assert torch.isfinite(out).all()
+    frames = 2 if node == "todo" else 3
+    assert set(seen) == {(tokens, (1, frames))}
+
+
+@pytest.mark.parametrize("name", ["wan22_s2v", "wan21_humo", "lumina2"])
+def test_a_family_without_the_block_scope_falls_back_to_attention_with_a_warning(comfy_nodes, pack, caplog, name):
+    model = dit_models.build_dit_model(name)
     with caplog.at_level(logging.WARNING):
-        patched = pack.dit.apply_todo_dit(lumina, downsample_factor=2, **BLOCKS)
-    assert "dit_scope 'block' does not reach NextDiT's blocks yet" in caplog.text or \
-        "dit_scope 'block' does not reach Lumina2's blocks yet" in caplog.text
+        patched = pack.dit.apply_todo_dit(model, downsample_factor=2, **BLOCKS)
+    assert "dit_scope 'block' does not reach" in caplog.text
+    assert "reducing inside its attention calls instead" in caplog.text
     override = patched.model_options["transformer_options"]["optimized_attention_override"]
     assert override.todo.scope == "attention"
     (wrapper,) = patched.get_wrappers("apply_model", "tome")
     assert wrapper.blocks is None
+
+
+def dropping_override(func, *args, **kwargs):
+    """Another node's attention override that never calls the one it found (an attention backend's kind)."""
+    return func(*args, **kwargs)
+
+
+def test_an_override_dropping_ours_at_run_time_leaves_the_block_scope_reducing_and_says_what_is_lost(
+        comfy_nodes, pack, flux, caplog):
+    """Put over ours after our node: with the block scope alone nothing is lost (the blocks are reduced through
+    their replacements) and nothing is said; with an attention-scope ToMe beside a block-scope ToDo, the warning
+    says that only what attention reduced is lost."""
+    block_only = with_override(pack.dit.apply_tome_dit(flux, ratio=0.5, **BLOCKS), dropping_override)
+    with caplog.at_level(logging.WARNING):
+        _, blocks, _ = traced(comfy_nodes, flux, lambda m: block_only)
+    assert {call[2] for call in blocks if call[0] == "double"} == {MERGED}
+    assert "cannot be stacked" not in caplog.text
+    caplog.clear()
+    mixed = with_override(pack.dit.apply_tome_dit(pack.dit.apply_todo_dit(flux, downsample_factor=2, **BLOCKS),
+                                                  ratio=0.5), dropping_override)
+    with caplog.at_level(logging.WARNING):
+        _, blocks, _ = traced(comfy_nodes, flux, lambda m: mixed)
+    assert {call[2] for call in blocks if call[0] == "double"} == {POOLED}
+    assert "nothing is reduced inside attention calls in this run (the blocks that dit_scope 'block' reaches are " \
+           "still reduced)" in caplog.text
+    assert "nothing is reduced in this run" not in caplog.text
+
+
+def test_lumina_falls_back_to_attention_with_a_warning_naming_its_class(comfy_nodes, pack, caplog):
+    lumina = dit_models.build_dit_model("lumina2")
+    with caplog.at_level(logging.WARNING):
+        pack.dit.apply_todo_dit(lumina, downsample_factor=2, **BLOCKS)
+    assert "dit_scope 'block' does not reach NextDiT's blocks yet" in caplog.text or \
+        "dit_scope 'block' does not reach Lumina2's blocks yet" in caplog.text
 
 
 @pytest.mark.parametrize("name,value,allowed", [("dit_scope", "whole", "attention, block"),
@@ -396,15 +737,16 @@ def test_the_nodes_pass_the_block_inputs_and_a_u_net_warns_that_they_mean_nothin
     assert "dit_scope='block' has no meaning on BaseModel" in caplog.text
 
 
+@pytest.mark.parametrize("name", ["Flux", "Wan 2.1"])
 @pytest.mark.parametrize("node", ["tome", "todo"])
-def test_the_block_scope_reads_the_host_at_most_once_per_model_call_and_never_blocks(comfy_nodes, pack, node):
+def test_the_block_scope_reads_the_host_at_most_once_per_model_call_and_never_blocks(comfy_nodes, pack, node, name):
     """A window (the sigma read once per model call) and use_rand (seeded from that same read)."""
-    base = host_reads.build_model("Flux")
+    base = host_reads.build_model(name)
     apply = {"tome": lambda: pack.dit.apply_tome_dit(base, ratio=0.5, end_percent=0.7, **BLOCKS),
              "todo": lambda: pack.dit.apply_todo_dit(base, downsample_factor=2, end_percent=0.7, **BLOCKS)}[node]
-    host_reads.count_sampling(comfy_nodes, apply(), "Flux")  # first-run work
-    plain = host_reads.count_sampling(comfy_nodes, base, "Flux")
-    ours = host_reads.count_sampling(comfy_nodes, apply(), "Flux")
+    host_reads.count_sampling(comfy_nodes, apply(), name)  # first-run work
+    plain = host_reads.count_sampling(comfy_nodes, base, name)
+    ours = host_reads.count_sampling(comfy_nodes, apply(), name)
     added = ours.counts - plain.counts
     assert ours.model_calls == host_reads.STEPS
     assert added.host_reads <= ours.model_calls, added.ops

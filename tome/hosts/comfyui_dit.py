@@ -37,9 +37,10 @@ single-block views are gathered without copying whole sequences.
 
 That is the attention scope, the default. At the block scope (``dit_scope``
 ``block``) whole blocks run on the reduced image tokens, through ComfyUI's
-``dit`` block replacement (``comfyui_dit_block``; Flux's family so far, every
-other family falls back to the attention scope with a warning); the layout
-wrapper puts those replacements on each model call.
+``dit`` block replacement (``comfyui_dit_block``: Flux's family, SD3, Wan and
+Wan 2.2 Animate, Qwen-Image; every other family falls back to the attention
+scope with a warning); the layout wrapper puts those replacements on each
+model call.
 
 There is one override slot: an override already on the model is kept and
 called instead of ``func``. Patch objects hold only frozen settings (see
@@ -98,10 +99,13 @@ class LayoutWrapper:
     """A keyed ``apply_model`` wrapper: hands the model call a copy of its ``transformer_options`` holding the
     call's ``ImageLayout`` and its ``ModelCall`` (``comfyui.call_options``); with ``blocks`` (a
     ``comfyui_dit_block.BlockScope``), a copy of its block replacements reducing the blocks, made for the call
-    around whatever replacements the call has (another node's, put there before or after ours)."""
+    around whatever replacements the call has (another node's, put there before or after ours). ``attention``:
+    whether our override reduces anything inside attention calls (settings at the attention scope), which
+    another override put over ours at run time would lose if it does not call ours."""
 
     spec: DiTSpec
     blocks: object | None = None
+    attention: bool = True
 
     def __call__(self, executor, x, t, c_concat=None, c_crossattn=None, control=None, transformer_options=None,
                  **conds):
@@ -120,14 +124,15 @@ class LayoutWrapper:
             options["patches_replace"] = with_options_handed(options.get("patches_replace") or {},
                                                              executor.class_obj.diffusion_model.blocks, options)
         on_top = options.get(OVERRIDE_KEY)
-        if on_top is None or isinstance(on_top, DiTReduction):
+        if on_top is None or isinstance(on_top, DiTReduction) or not self.attention:
+            # not self.attention: the block scope alone, whose replacements do not go through the override
             return executor(x, t, c_concat, c_crossattn, control, options, **conds)
         # Another node put its override over ours after our node ran (an attention backend reinstalling itself
         # at every step): watch, for this call, whether it still calls ours.
         watch = options[OVERRIDE_KEY] = OverrideWatch(on_top)
         out = executor(x, t, c_concat, c_crossattn, control, options, **conds)
         if watch.calls and not watch.reached and options[RUN_KEY].first_warning("dropped"):
-            warn_dropped(on_top)
+            warn_dropped(on_top, self.blocks is not None)
         return out
 
 
@@ -206,13 +211,16 @@ class OverrideWatch:
         return self.inner(func, *args, **kwargs)
 
 
-def warn_dropped(override) -> None:
-    """One line, once per sampling run: the override on top of ours never calls ours."""
+def warn_dropped(override, blocks: bool = False) -> None:
+    """One line, once per sampling run: the override on top of ours never calls ours. ``blocks``: some settings
+    have the block scope, whose blocks are still reduced (only what is reduced inside attention calls is lost)."""
     name = getattr(override, "__qualname__", None) or type(override).__qualname__
     module = getattr(override, "__module__", None) or type(override).__module__
+    lost = ("nothing is reduced inside attention calls in this run (the blocks that dit_scope 'block' reaches are "
+            "still reduced); at dit_scope 'attention'") if blocks else "nothing is reduced in this run;"
     log.warning("Apply ToDo / Apply ToMe: another node's attention override (%s from %s) replaced this pack's "
-                "at run time and does not call it, so nothing is reduced in this run; that node cannot be "
-                "stacked with Apply ToDo / Apply ToMe on a DiT", name, module)
+                "at run time and does not call it, so %s that node cannot be stacked with Apply ToDo / Apply ToMe "
+                "on a DiT", name, module, lost)
 
 
 # Token-major tensor operations.
@@ -502,8 +510,10 @@ def with_reduction(model, family: str, reduction: DiTReduction):
     options[OVERRIDE_KEY] = reduction
     from .comfyui_dit_block import block_keys, block_scope  # it imports this module's helpers
 
-    blocks = block_scope(reduction.todo, reduction.tome, block_keys(patched, family))
-    patched.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, LayoutWrapper(dit_spec(patched, family), blocks))
+    blocks = block_scope(reduction.todo, reduction.tome, block_keys(patched, family), family)
+    attention = any(s is not None and s.scope == SCOPE_ATTENTION for s in (reduction.todo, reduction.tome))
+    patched.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY,
+                                 LayoutWrapper(dit_spec(patched, family), blocks, attention))
     patched.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY, start_run)
     return patched
 
@@ -530,13 +540,13 @@ def scope_and_blocks(model, family: str, node: str, dit_scope: str, skip_first_b
     check_range("skip_last_blocks", skip_last_blocks, 0, MAX_SKIP_BLOCKS)
     if dit_scope == SCOPE_ATTENTION:
         return SCOPE_ATTENTION, frozenset()
-    from .comfyui_dit_block import BLOCK_KEYS, block_keys, chosen_blocks  # it imports this module's helpers
+    from .comfyui_dit_block import BLOCK_FAMILIES, block_keys, chosen_blocks  # it imports this module's helpers
 
     keys = block_keys(model, family)
     if keys is None:
         log.warning("%s: dit_scope 'block' does not reach %s's blocks yet (the block scope covers %s); reducing "
                     "inside its attention calls instead (dit_scope 'attention')", node, type(model.model).__name__,
-                    ", ".join(BLOCK_KEYS))
+                    ", ".join(BLOCK_FAMILIES))
         return SCOPE_ATTENTION, frozenset()
     blocks = chosen_blocks(keys, skip_first_blocks, skip_last_blocks)
     if not blocks:

@@ -22,17 +22,39 @@ output is the block's own. ComfyUI's blocks add into their input in place
 and the change is taken against the reduced image, which the block never sees.
 
 Positions follow the tokens: a merged token runs at its destination's rotary
-position (Flux's ``pe`` is per token along the sequence, gathered like the
-tokens), a pooled cell at the position of its first token (its top-left, the
-token ``nearest`` pooling keeps). While a reduced block runs, the attention
-override (``comfyui_dit``) is told the reduced layout: after ToDo, the pooled
-grid (an attention-scope ToMe then merges it); after ToMe, none (the merged
-tokens are no grid, so attention runs on them as they are).
+position (the rotary table ``pe`` is per token along the sequence, gathered
+like the tokens), a pooled cell at the position of its first token (its
+top-left, the token ``nearest`` pooling keeps). While a reduced block runs, the
+attention override (``comfyui_dit``) is told the reduced layout: after ToDo,
+the pooled grid (an attention-scope ToMe then merges it); after ToMe, none (the
+merged tokens are no grid, so attention runs on them as they are).
 
-Families done: Flux and its descendants (Flux 2, Chroma, Chroma Radiance),
-whose double blocks take ``img`` ([image | references]) and ``txt`` apart and
-whose single blocks take ``[txt | image | references]``. Every other family
-is left to the attention scope, with a warning (``comfyui_dit``).
+Families done, each one ``FamilyBlocks`` in ``BLOCK_FAMILIES`` (its blocks in
+the order they run, and per kind of block how its arguments hold the tokens, a
+``BlockArgs``):
+
+- Flux and its descendants (Flux 2, Chroma, Chroma Radiance): double blocks
+  take ``img`` ([image | references]) and ``txt`` apart, single blocks
+  ``[txt | image | references]`` joined; ``pe`` covers ``[txt | img]``.
+- SD3 / SD3.5 (MMDiT): joint blocks take ``img`` (the image alone) and ``txt``
+  ([registers | text]) apart; no ``pe`` (the learned position table is added
+  to the tokens before the blocks, so they carry their positions). SD3.5's
+  image-only second attention (``attn2``) runs on the reduced image too; the
+  last block's text (``pre_only``) comes out as ``None``, as without us.
+- Wan 2.x (t2v, i2v, Fun and Fun Control with their reference frame, VACE with
+  its reference frames, Wan 2.2 TI2V-5B) and Wan 2.2 Animate (its reference
+  frame): ``img`` is the video sequence alone (the text is cross-attention
+  context), ``pe`` is per token of it (``[1, L, 1, D/2, 2, 2]``); TI2V-5B's
+  per-frame modulation (``vec [B, T, 6, C]``) is pooled over frames as the
+  tokens are. VACE's control blocks run between the main blocks on the full
+  video (``x_orig``) and add into the full output, as without us.
+- Qwen-Image: as Flux's double blocks (``img`` [image | edit references],
+  ``txt`` apart, ``pe`` over ``[txt | img]``).
+
+Every other family (Wan 2.2 S2V and HuMo among them: S2V hands its blocks no
+``transformer_options`` and a per-token modulation of its own, HuMo's audio
+attention gathers each frame's full tokens) is left to the attention scope,
+with a warning when the node runs (``comfyui_dit.scope_and_blocks``).
 
 Which blocks: the first ``skip_first`` and the last ``skip_last`` blocks of the
 model, in the order they run (double blocks, then single ones), stay whole;
@@ -68,7 +90,7 @@ from .comfyui_dit import (
     pool_grid,
     replace_span,
 )
-from .dit_families import FLUX, ImageLayout, image_layout
+from .dit_families import FLUX, QWEN_IMAGE, SD3, WAN, WAN_ANIMATE, ImageLayout, image_layout
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +103,82 @@ def flux_block_keys(net: torch.nn.Module) -> tuple[tuple[str, int], ...]:
         tuple((SINGLE, i) for i in range(len(net.single_blocks)))
 
 
-# The families whose blocks the block scope reaches, and how their blocks are listed.
-BLOCK_KEYS: dict[str, Callable[[torch.nn.Module], tuple[tuple[str, int], ...]]] = {FLUX: flux_block_keys}
+def double_blocks(name: str) -> Callable[[torch.nn.Module], tuple[tuple[str, int], ...]]:
+    """The block keys of a model whose one list of blocks, ``net.<name>``, ComfyUI calls ``("double_block", i)``."""
+    return lambda net: tuple((DOUBLE, i) for i in range(len(getattr(net, name))))
+
+
+def per_frame(vec) -> bool:
+    """Whether a block's modulation ``vec`` holds one entry per latent frame (``[B, T, 6, C]``, ``T > 1``)."""
+    return isinstance(vec, torch.Tensor) and vec.ndim == 4 and vec.shape[1] > 1
+
+
+@dataclass(frozen=True)
+class BlockArgs:
+    """How one kind of block of a family holds its tokens in the ``args`` of ComfyUI's ``dit`` replacement.
+
+    ``text_apart``: the text comes apart in ``txt`` and the layout's sequence
+    is ``[txt | img]`` (joint attention: Flux's double blocks, SD3, Qwen-Image);
+    otherwise the layout's sequence is ``img`` itself (Flux's single blocks hold
+    the text in it, Wan's text is cross-attention context, in no sequence).
+    ``pe_axis``: the token axis of the rotary table ``pe``, one entry per token
+    of the layout's sequence (Flux, Qwen-Image: 2 of ``[B, 1, L, D/2, 2, 2]``;
+    Wan: 1 of ``[B, L, 1, D/2, 2, 2]``); ``None``: the block takes no positions
+    (SD3 adds its learned table to the tokens before the blocks).
+    ``frame_vec``: ``vec`` may hold one modulation per latent frame, which the
+    block repeats over each frame's tokens (Wan 2.2 TI2V-5B with a start image).
+    """
+
+    text_apart: bool
+    pe_axis: int | None
+    frame_vec: bool = False
+
+    def fits(self, args: dict, layout: ImageLayout, start: int, length: int) -> bool:
+        """Whether this call's positions and modulation can follow the reduced tokens: a rotary table of one
+        entry per token of the sequence; a per-frame modulation only where the sequence is the video alone."""
+        pe = args.get("pe")
+        if self.pe_axis is not None and pe is not None and pe.shape[self.pe_axis] != length:
+            return False
+        if self.frame_vec and per_frame(args.get("vec")):
+            return start == 0 and layout.n_tokens == length and args["vec"].shape[1] == layout.grid[0]
+        return True
+
+    def following(self, args: dict, reduction: Reduction, start: int, n: int, batch: int) -> dict:
+        """The ``args`` entries that follow the tokens into the reduced block: the rotary table's image entries
+        replaced by the reduced tokens' (``start``, ``n``: the image in the layout's sequence), a per-frame
+        modulation pooled over frames as the tokens are."""
+        changes = {}
+        if self.pe_axis is not None and args.get("pe") is not None:
+            changes["pe"] = gathered_positions(args["pe"], self.pe_axis, start, n, batch, reduction)
+        if self.frame_vec and per_frame(args.get("vec")):
+            changes["vec"] = reduction.frames(args["vec"])
+        return changes
+
+
+@dataclass(frozen=True)
+class FamilyBlocks:
+    """A family the block scope reaches: ``keys(net)``, its blocks in the order they run; ``args``, per kind of
+    block (``DOUBLE``, ``SINGLE``), how it holds its tokens."""
+
+    keys: Callable[[torch.nn.Module], tuple[tuple[str, int], ...]]
+    args: Mapping[str, BlockArgs]
+
+
+FLUX_DOUBLE = BlockArgs(text_apart=True, pe_axis=2)
+FLUX_SINGLE = BlockArgs(text_apart=False, pe_axis=2)
+SD3_JOINT = BlockArgs(text_apart=True, pe_axis=None)
+WAN_BLOCK = BlockArgs(text_apart=False, pe_axis=1, frame_vec=True)
+WAN_BLOCKS = FamilyBlocks(double_blocks("blocks"), {DOUBLE: WAN_BLOCK})
+
+# The families whose blocks the block scope reaches (names of ``dit_families``; a family's variants that are
+# families of their own need their own entry), and how.
+BLOCK_FAMILIES: dict[str, FamilyBlocks] = {
+    FLUX: FamilyBlocks(flux_block_keys, {DOUBLE: FLUX_DOUBLE, SINGLE: FLUX_SINGLE}),
+    SD3: FamilyBlocks(double_blocks("joint_blocks"), {DOUBLE: SD3_JOINT}),
+    WAN: WAN_BLOCKS,
+    WAN_ANIMATE: WAN_BLOCKS,  # its face adapter adds into the full video after a block, as without us
+    QWEN_IMAGE: FamilyBlocks(double_blocks("transformer_blocks"), {DOUBLE: FLUX_DOUBLE}),
+}
 
 
 def chosen_blocks(keys: tuple, skip_first: int, skip_last: int) -> frozenset:
@@ -124,6 +220,10 @@ class Pooling:
         """A cell's position: its first token's (the one ``nearest`` keeps)."""
         return pool_grid(x, self.grid, self.todo.factor, self.todo.time_factor, NEAREST)
 
+    def frames(self, x: torch.Tensor) -> torch.Tensor:
+        """A per-frame ``x [B, t, ...]`` for the pooled frames: each cell's first frame's."""
+        return x[:, ::self.todo.time_factor]
+
     def expand(self, x: torch.Tensor) -> torch.Tensor:
         """Each cell's value to every token of the cell."""
         return x.index_select(1, cell_index(self.grid, self.todo.factor, self.todo.time_factor, x.device))
@@ -143,6 +243,10 @@ class Merging:
         """A merged token's position: its destination's (an unmerged token keeps its own)."""
         return self.plan.merge(x, PRUNE)
 
+    def frames(self, x: torch.Tensor) -> torch.Tensor:
+        """A per-frame ``x [B, t, ...]``: merging keeps every frame (it merges within frames)."""
+        return x
+
     def expand(self, x: torch.Tensor) -> torch.Tensor:
         """Each merged token's value to every token merged into it."""
         return self.plan.unmerge(x)
@@ -160,23 +264,28 @@ class Reduction:
             x = stage.position(x)
         return x
 
+    def frames(self, x: torch.Tensor) -> torch.Tensor:
+        for stage in self.stages:
+            x = stage.frames(x)
+        return x
+
     def expand(self, x: torch.Tensor) -> torch.Tensor:
         for stage in reversed(self.stages):
             x = stage.expand(x)
         return x
 
 
-def gathered_positions(pe: torch.Tensor | None, start: int, n: int, batch: int, reduction: Reduction):
-    """Flux's rotary table ``pe [B or 1, 1, L, D/2, 2, 2]`` (one entry per token of ``[txt | img]``) with the
-    ``n`` image tokens' entries from ``start`` replaced by those of the reduced tokens: ``[B, 1, L', ...]``."""
-    if pe is None:
-        return None
-    tokens = pe.movedim(2, 1)  # [B, L, 1, D/2, 2, 2]
+def gathered_positions(pe: torch.Tensor, axis: int, start: int, n: int, batch: int,
+                       reduction: Reduction) -> torch.Tensor:
+    """A rotary table ``pe`` with one entry per token of a sequence along ``axis`` (``[B or 1, 1, L, D/2, 2, 2]``
+    with ``axis`` 2: Flux, Qwen-Image; ``[B or 1, L, 1, ...]`` with 1: Wan), the ``n`` image tokens' entries from
+    ``start`` replaced by those of the reduced tokens: ``[B, ..., L', ...]``."""
+    tokens = pe.movedim(axis, 1)
     if tokens.shape[0] != batch:
         tokens = tokens.expand(batch, *tokens.shape[1:])
     rest = tokens.shape[2:]
     image = reduction.position(tokens[:, start:start + n].reshape(batch, n, -1))
-    return replace_span(tokens, start, n, image.reshape(batch, -1, *rest)).movedim(1, 2)
+    return replace_span(tokens, start, n, image.reshape(batch, -1, *rest)).movedim(1, axis)
 
 
 def _warn_unrecognised_block(options, length: int, layout: ImageLayout) -> None:
@@ -188,14 +297,28 @@ def _warn_unrecognised_block(options, length: int, layout: ImageLayout) -> None:
                     "x".join(map(str, layout.grid)))
 
 
+def _warn_unplaced_block(options, length: int) -> None:
+    """Once per sampling run: a block whose positions or modulation cannot follow its reduced tokens."""
+    run = options.get(RUN_KEY)
+    if run is None or run.first_warning("unplaced block"):
+        log.warning("Apply ToDo / Apply ToMe: a block of %d tokens has rotary positions or a modulation that do not "
+                    "match its tokens one for one; it runs whole, as does every such block in this run", length)
+
+
 @dataclass(frozen=True)
 class BlockScope:
     """What the block scope reduces on one model: the ToDo and ToMe settings whose scope is the block (either
-    may be ``None``), and every block key of the model (``keys``, in the order they run)."""
+    may be ``None``), every block key of the model (``keys``, in the order they run), and its family (a key of
+    ``BLOCK_FAMILIES``: how its blocks hold their tokens)."""
 
     todo: DiTToDo | None
     tome: DiTToMe | None
     keys: tuple[tuple[str, int], ...]
+    family: str
+
+    def args(self, key: tuple[str, int]) -> BlockArgs:
+        """How block ``key`` holds its tokens."""
+        return BLOCK_FAMILIES[self.family].args[key[0]]
 
     def replacing(self, replaces: Mapping) -> dict:
         """A copy of ``patches_replace`` (the model's, shared with its clones: never written) whose ``dit``
@@ -251,15 +374,17 @@ class BlockReduction:
         layout = options.get(LAYOUT_KEY)
         if layout is None or args.get("attn_mask") is not None or layout.row_stride is not None:
             return self.run(args, extra)
+        form = self.scope.args(self.key)
         img = args["img"]
-        # Double blocks take the text apart; single blocks [txt | img | references] joined. The rotary table
-        # covers [txt | img] either way.
-        offset = args["txt"].shape[1] if self.key[0] == DOUBLE else 0
+        offset = args["txt"].shape[1] if form.text_apart else 0  # where img starts in the layout's sequence
         length = offset + img.shape[1]
         start = layout.start(length)
         if start is None or start < offset:
             if not layout.recognises(length):
                 _warn_unrecognised_block(options, length, layout)
+            return self.run(args, extra)
+        if not form.fits(args, layout, start, length):
+            _warn_unplaced_block(options, length)
             return self.run(args, extra)
         n = layout.n_tokens
         image = img[:, start - offset:start - offset + n]
@@ -271,9 +396,10 @@ class BlockReduction:
         reduction, reduced = reduced
         m = reduced.shape[1]
         reduced_args = dict(args, img=replace_span(img, start - offset, n, reduced),
-                            pe=gathered_positions(args.get("pe"), start, n, img.shape[0], reduction))
+                            **form.following(args, reduction, start, n, img.shape[0]))
+        # Every sequence of the layout (SD3.5's image-only attn2 besides the joint one) loses the same tokens.
         options[LAYOUT_KEY] = None if reduction.grid is None else \
-            image_layout(reduction.grid, {length - n + m: start})
+            image_layout(reduction.grid, {size - n + m: at for size, at in layout.starts.items()}, layout.others)
         try:
             out = self.run(reduced_args, extra)
         finally:
@@ -291,14 +417,15 @@ class BlockReduction:
 def block_keys(model, family: str) -> tuple[tuple[str, int], ...] | None:
     """Every block of ``model`` the block scope can reach, in the order they run; ``None`` for a family it does
     not cover."""
-    keys = BLOCK_KEYS.get(family)
-    return None if keys is None else keys(model.get_model_object("diffusion_model"))
+    blocks = BLOCK_FAMILIES.get(family)
+    return None if blocks is None else blocks.keys(model.get_model_object("diffusion_model"))
 
 
-def block_scope(todo: DiTToDo | None, tome: DiTToMe | None, keys) -> BlockScope | None:
-    """The ``BlockScope`` of a reduction's settings, or ``None`` where none of them has the block scope."""
+def block_scope(todo: DiTToDo | None, tome: DiTToMe | None, keys, family: str) -> BlockScope | None:
+    """The ``BlockScope`` of a reduction's settings on a model of ``family``, or ``None`` where none of them has
+    the block scope."""
     todo = todo if todo is not None and todo.scope == SCOPE_BLOCK else None
     tome = tome if tome is not None and tome.scope == SCOPE_BLOCK else None
     if (todo is None and tome is None) or not keys:
         return None
-    return BlockScope(todo, tome, tuple(keys))
+    return BlockScope(todo, tome, tuple(keys), family)
