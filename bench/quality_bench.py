@@ -336,6 +336,35 @@ def block_changes(model, layout: tm.Layout, latents: torch.Tensor) -> list[float
     return changes
 
 
+def token_redundancy(layout: tm.Layout, ratio: float = 0.5) -> dict[str, float]:
+    """How alike neighbouring tokens are where the model sees the held-out photographs: the share of the tokens'
+    variance (about their mean) lost by merging ``ratio`` of them (ToMe's matching, 2x2 stride, on the tokens
+    themselves) and unmerging, on latent tokens of the size the model's first patched level sees (a DiT's 2x2
+    patches of latent pixels, SDXL's level 2 likewise; SD1.5's latent pixels) and on the raw pixel patches those
+    tokens stand for. ToMe costs less where it is low. A clip counts by its first frame."""
+    import torch.nn.functional as F
+
+    from tome.merge import build_plan
+
+    pixels = tm.held_out_pixels(layout)
+    pixels = pixels[:, :, 0] if layout.frames else pixels
+    latent = tm.to_latent(pixels, layout)
+    patch = 1 if layout.config_class == "SD15" else 2  # latent pixels per token side
+    side = layout.size // patch
+
+    def lost(tokens: torch.Tensor) -> float:
+        plan = build_plan(tokens, side, side, 2, 2, int(tokens.shape[1] * ratio),
+                          generator=torch.Generator().manual_seed(0))
+        centred = tokens - tokens.mean(1, keepdim=True)
+        return float((plan.unmerge(plan.merge(tokens)) - tokens).square().sum() / centred.square().sum())
+
+    def tokens_of(x: torch.Tensor, factor: int) -> torch.Tensor:
+        return F.pixel_unshuffle(x, factor).flatten(2).transpose(1, 2)
+
+    return {"latent tokens": lost(tokens_of(latent, patch)),
+            "pixel patches": lost(tokens_of(pixels * 2 - 1, patch * layout.pixel_factor))}
+
+
 # Reports.
 
 def cell(figure: dict, digits: int) -> str:
@@ -497,6 +526,8 @@ def main(argv=None) -> int:
                         help="instead: how local each DiT's image self-attention is (what ToDo nearest costs)")
     parser.add_argument("--depth", action="store_true",
                         help="instead: how much each transformer block changes the image tokens")
+    parser.add_argument("--redundancy", action="store_true",
+                        help="instead: how much of the tokens' variance merging half of them and unmerging loses")
     parser.add_argument("--findings", type=Path, nargs="+", metavar="JSON",
                         help="instead: the findings table from these runs' rows (both generations side by side)")
     args = parser.parse_args(argv)
@@ -517,6 +548,13 @@ def main(argv=None) -> int:
         for layout in (layout for layout in layouts if not layout.is_unet):
             found = attention_locality(tm.trained(layout), layout, tm.held_out_latents(layout))
             print(f"| {layout.name} | {found['own key']:.3f} | {found['3x3']:.3f} | {found['uniform 3x3']:.3f} |")
+        return 0
+    if args.redundancy:
+        print("| model | footprint | variance lost, latent tokens | variance lost, pixel patches |\n|---|---|---|---|")
+        for layout in layouts:
+            found = token_redundancy(layout)
+            print(f"| {layout.name} | {layout.footprint} | {found['latent tokens']:.2%} | "
+                  f"{found['pixel patches']:.2%} |")
         return 0
     if args.depth:
         print("| model | footprint | blocks | change of the image tokens per block | median |\n|---|---|---|---|---|")

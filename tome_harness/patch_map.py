@@ -6,14 +6,21 @@ footprint (``trained_models``) see photographs through the principal
 components of 8x8x3 patches, fitted on the training photographs
 (``tome_harness.photos``; never the held-out ones): a latent pixel holds the
 first ``channels`` components of its patch (4 for the U-Nets, 16 for the
-DiTs), each scaled to unit variance over the training patches, as a VAE's
-scaled latents have about unit variance. Decoding projects back, so encode then
-decode keeps what the components hold and loses the rest; ``reconstruction_psnr``
-says how much that is on the held-out photographs.
+DiTs), scaled by one factor that gives the latent unit variance on average over
+its channels, as a VAE's latent scale factor does. Not each component to unit
+variance: whitening weighs a patch's finest texture as much as its mean colour,
+and neighbouring tokens become far less alike than in the photograph (how much
+less: docs/QUALITY.md, ``bench/quality_bench.py --redundancy``). With one factor
+the map is an orthogonal projection up to scale: distances between tokens,
+which ToMe's matching reads, are the pixels' (within what the components hold).
+Decoding projects back, so encode then decode keeps what the components hold
+and loses the rest; ``reconstruction_psnr`` says how much that is on the
+held-out photographs.
 
 A map is ``mean [192]``, ``basis [192, C]`` (orthonormal columns) and
-``scale [C]``; it is fitted once by ``bench/train_models.py --patch-maps`` and
-committed beside the weights (``weights/patch_map_<C>.safetensors``).
+``scale [C]`` (one value, repeated); it is fitted once by
+``bench/train_models.py --patch-maps`` and committed beside the weights
+(``weights/patch_map_<C>.safetensors``).
 The order of a patch's 192 values is ``pixel_unshuffle``'s: channel, then row, then column.
 """
 
@@ -33,7 +40,7 @@ PATCH_VALUES = 3 * PATCH * PATCH
 class PatchMap:
     mean: torch.Tensor  # [192]
     basis: torch.Tensor  # [192, C], orthonormal columns, the largest components first
-    scale: torch.Tensor  # [C], each component's standard deviation over the training patches
+    scale: torch.Tensor  # [C]: one value, the components' root mean square over the training patches
 
     @property
     def channels(self) -> int:
@@ -66,9 +73,9 @@ class PatchMap:
 
 @torch.no_grad()
 def fit(images: torch.Tensor, channels: int) -> PatchMap:
-    """The principal components of every 8x8 patch of ``images [N, 3, H, W]`` (in ``[-1, 1]``), in float64.
-    Each component's sign is fixed (its largest entry positive), so the map does not depend on the
-    eigen-solver's choice."""
+    """The principal components of every 8x8 patch of ``images [N, 3, H, W]`` (in ``[-1, 1]``), in float64,
+    scaled by one factor to unit mean variance. Each component's sign is fixed (its largest entry positive), so
+    the map does not depend on the eigen-solver's choice."""
     patches = F.pixel_unshuffle(images.double(), PATCH).movedim(1, -1).reshape(-1, PATCH_VALUES)
     mean = patches.mean(0)
     centred = patches - mean
@@ -76,8 +83,8 @@ def fit(images: torch.Tensor, channels: int) -> PatchMap:
     values, vectors = torch.linalg.eigh(covariance)  # ascending
     values, vectors = values.flip(0)[:channels], vectors.flip(1)[:, :channels]
     signs = vectors.gather(0, vectors.abs().argmax(0, keepdim=True)).sign()
-    return PatchMap(mean=mean.float(), basis=(vectors * signs).float().contiguous(),
-                    scale=values.clamp_min(0).sqrt().float())
+    scale = values.clamp_min(0).mean().sqrt().expand(channels)
+    return PatchMap(mean=mean.float(), basis=(vectors * signs).float().contiguous(), scale=scale.float().contiguous())
 
 
 def reconstruction_psnr(patch_map: PatchMap, images: torch.Tensor) -> list[float]:
