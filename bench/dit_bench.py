@@ -20,11 +20,15 @@ Models (ComfyUI's own classes, configurations as ComfyUI detects the real checkp
   wan14b  Wan 2.1 14B (40 blocks of width 5120, 40 heads) text to video, otherwise as wan13b
   wan22ti2v  Wan 2.2 TI2V-5B (30 blocks of width 3072, 24 heads; its VAE compresses 16x16 in space into 48
           channels) at ``--size`` 1280x704 x 121 frames: 31 x 22 x 40 = 27280 video tokens
+  qwen    Qwen-Image (60 double-stream blocks of width 3072, 24 heads of 128; 20B parameters: ``--blocks`` a few
+          of them) at each of ``--px``: 256 text tokens (of width 3584), then (px/16)^2 image tokens
 
 Video sizes: ``--size WIDTHxHEIGHT`` in pixels, as ComfyUI's empty-latent nodes take them (default: each
 model's own, 832x480 for all but wan22ti2v); the latent is that over the VAE's compression (8x8 in space; 16x16
 for wan22ti2v; 32x32 for ltxv), patched 2x2 (ltxv: 1x1).
   tiny    each of the test models of ``tome_harness.dit_models`` at a 32x32 latent: a smoke check on the CPU
+          (``--blocks N``: N blocks in the models of the families the block scope reaches, a third of Flux's
+          double blocks; the other families keep their own depth)
 
 Full length (issue 27: the lengths people render), one block each, fp32 on a CPU (minutes a row):
 
@@ -45,29 +49,60 @@ no-patch one): the limit the reduction could reach with free pooling and merging
 share of the forward ToMe spends choosing what to merge (the similarity search and its sort, per frame; issue
 27 section 2), timed the same way. ``peak MiB``: the forward's peak memory above what the process held before
 it (CUDA: the allocator's peak; CPU: the resident set's high-water mark, which Linux lets a process reset).
+Those are the rows of ``--scope attention`` (the default: ``dit_scope`` ``attention``).
+
+``--scope block`` (issue 33; with ``--scope attention block`` beside the rows above): ``dit_scope`` ``block``,
+the whole block (projections, attention, MLP) on the reduced image tokens, for Flux, SD3.5, Wan and Qwen-Image
+(``tome/hosts/comfyui_dit_block.py``; other models get no block rows). For each pair ``F:L`` of ``--skips``
+(default ``0:0`` and the nodes' provisional default ``2:2``: the first F and last L blocks run whole):
+``tome-R-block-skipF-L`` (Apply ToMe ratio R of ``--ratio``) and ``todo-D-block-skipF-L`` (Apply ToDo factor D
+of ``--block-factor``, method nearest), each followed by its twin ``ideal-<name>``: the same model with the
+same blocks run on the same reduced number of image tokens at no cost of reduction. The ideal is a ``dit``
+block replacement on exactly the blocks the real row reduces that hands the block its sequence with the last
+``n - m`` image tokens cut off (``n`` image tokens, ``m`` as many as the real row's reduction leaves: a view,
+no copy, where the image ends the sequence, as in every case here; the rotary table cut the same way) and
+hands the next block those tokens back unchanged (one concatenation: a copy of the image tokens, a memory
+pass far below a block's cost). So it pays no matching, pooling, position gathering, change subtraction or
+expansion: the limit a perfect, free reduction of those blocks would reach. (A model call on a smaller latent
+would not do: it would also shrink the embedding and output layers, and the skipped blocks could not run on
+all tokens.) Its output distance is that of the cut tokens passing through the block unchanged. A block row's
+``ideal`` is the measured speed-up of its twin (the attention rows' ``ideal`` stays the formula above); an
+``ideal-`` row's ``ideal`` is its own speed-up. ``block tokens``: the tokens each block ran on, in the order
+they run, text included where it comes apart (Flux's double blocks, SD3, Qwen-Image; Flux's single blocks
+hold it), counted in the warm-up forward (the Markdown runs them together: ``4608 (2), 2560 (4)``); a block
+row and its ideal twin give the same counts. With a few of a model's blocks (``--blocks``, ``--flux-blocks``)
+the skipped ones weigh more than in the whole model: there ``0:0`` is the reduced blocks' speed-up x, and the
+whole model's with S of its K blocks skipped is about 1 / (S/K + (1 - S/K)/x).
 
     .venv/bin/python bench/dit_bench.py --model sd35m wan13b            # on a GPU: bf16, PyTorch SDPA
     .venv/bin/python bench/dit_bench.py --model hunyuan ltxv --frames 33 --blocks 1 --ratio 0.75 --merge kv
     .venv/bin/python bench/dit_bench.py --model wan22animate --frames 81 --blocks 1 --ratio 0.75 --merge kv
     .venv/bin/python bench/dit_bench.py --model tiny --dtype fp32 --repeats 1
+    .venv/bin/python bench/dit_bench.py --model sd35m --scope attention block --merge qkv   # issue 33
+    .venv/bin/python bench/dit_bench.py --model tiny --blocks 6 --scope block --dtype fp32 --repeats 0  # smoke
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import importlib
 import json
 import platform
+import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from unet_bench import probe_for  # the sibling script (bench/ is on the path: run as a script, and pytest)
 
-from tome.hosts.comfyui_dit import OVERRIDE_KEY
+from tome.hosts.comfyui_dit import LAYOUT_KEY, OVERRIDE_KEY, SCOPE_ATTENTION, SCOPE_BLOCK
 from tome.hosts.comfyui_unet import MERGE_KV, MERGE_QKV
+from tome.merge import IDENTITY, build_plan
 from tome_harness import comfyui as comfyui_host
 from tome_harness import dit_models
 from tome_harness.comfyui import ROOT
@@ -126,6 +161,12 @@ REAL_CASES["wan14b"] = dataclasses.replace(REAL_CASES["wan13b"], name="wan14b", 
 REAL_CASES["wan22ti2v"] = Case("wan22ti2v", "WAN22_T2V", dict(
     REAL_CASES["wan13b"].config, dim=3072, num_heads=24, ffn_dim=14336, num_layers=30, in_dim=48, out_dim=48),
     (1, 48, 31, 44, 80), (512, 4096), spatial=16)
+# Qwen-Image as ComfyUI detects it (image_model, in_channels, num_layers) with its network's defaults spelled out;
+# its latent is Wan 2.1's, one frame. The latent's size comes from --px.
+QWEN_CONFIG = {
+    "image_model": "qwen_image", "in_channels": 64, "out_channels": 16, "num_layers": 60, "attention_head_dim": 128,
+    "num_attention_heads": 24, "joint_attention_dim": 3584, "axes_dims_rope": (16, 56, 56),
+}
 # Latent frames of a video of n frames: Wan and HunyuanVideo's VAEs compress time 4x, LTX-Video's 8x (n = 8k + 1).
 TIME_COMPRESSION = {"wan13b": 4, "wan14b": 4, "wan22ti2v": 4, "hunyuan": 4, "wan22animate": 4, "ltxv": 8}
 FLUX_CONFIG = {
@@ -142,8 +183,11 @@ def with_blocks(case: Case, blocks: int | None) -> Case:
     if blocks is None:
         return case
     config = dict(case.config)
-    if "num_layers" in config:  # Wan, LTX-Video
+    if "num_layers" in config:  # Wan, LTX-Video, Qwen-Image
         config["num_layers"] = blocks
+    elif case.model_class == "Flux":  # a third double blocks, as the real model's 19 of 57
+        config["depth"] = max(1, blocks // 3)
+        config["depth_single_blocks"] = blocks - config["depth"]
     elif "depth_single_blocks" in config:  # HunyuanVideo: double blocks only, each joint attention over all tokens
         config["depth"], config["depth_single_blocks"] = blocks, 0
     else:  # MMDiT: its width is 64 * depth, so depth stays and num_blocks cuts; image-only attention is first
@@ -157,7 +201,7 @@ def cases_of(args) -> list[Case]:
     cases = []
     for name in args.model:
         if name == "tiny":
-            cases += tiny_cases()
+            cases += tiny_cases(args.blocks)
         elif name in TIME_COMPRESSION:
             video = REAL_CASES[name]
             if args.size is None:
@@ -173,13 +217,21 @@ def cases_of(args) -> list[Case]:
             config = dict(FLUX_CONFIG, depth=double, depth_single_blocks=single)
             cases += [Case(f"flux-{double}d{single}s-{px}px", "Flux", config, (1, 16, px // 8, px // 8), (512, 4096),
                            {"y": (1, 768)}) for px in args.px]
+        elif name == "qwen":
+            cases += [with_blocks(Case(f"qwen-{px}px", "QwenImage", QWEN_CONFIG, (1, 16, 1, px // 8, px // 8),
+                                       (256, 3584)), args.blocks) for px in args.px]
         else:
             cases.append(with_blocks(REAL_CASES[name], args.blocks))
     return cases
 
 
-def tiny_cases() -> list[Case]:
-    """The test models, on a 32x32 latent (Wan: 3 frames of it)."""
+# The test models the block scope reaches, whose depth ``--blocks`` sets in the smoke run.
+TINY_BLOCK_FAMILIES = ("flux", "sd3", "wan21", "qwen_image")
+
+
+def tiny_cases(blocks: int | None = None) -> list[Case]:
+    """The test models, on a 32x32 latent (Wan: 3 frames of it); ``blocks``: that many blocks in the models of
+    ``TINY_BLOCK_FAMILIES`` (Flux: a third of them double blocks), the others as they are."""
     cases = []
     for family in (*dit_models.FAMILIES, "hunyuan_video", "ltxv"):
         model_class, config = dit_models.DIT_CONFIGS[family]
@@ -187,7 +239,8 @@ def tiny_cases() -> list[Case]:
                   "ltxv": (1, 128, 3, 16, 16)}.get(family, (1, 16, 32, 32))
         conds = {"lumina2": {"num_tokens": 7}, "hunyuan_video": {"y": (1, dit_models.CONTEXT_DIM)},
                  "ltxv": {"attention_mask": None}}.get(family, {})
-        cases.append(Case(f"tiny-{family}", model_class, config, latent, (7, dit_models.CONTEXT_DIM), conds))
+        case = Case(f"tiny-{family}", model_class, config, latent, (7, dit_models.CONTEXT_DIM), conds)
+        cases.append(with_blocks(case, blocks) if family in TINY_BLOCK_FAMILIES else case)
     return cases
 
 
@@ -206,18 +259,178 @@ def build(case: Case, dtype: torch.dtype, device: torch.device):
     return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
 
 
-def variants(dit, model, ratios, merges=("qkv", "kv"), time_factor=None, average=False) -> dict:
-    """The models to time, by name."""
-    out = {"none": model, "todo-2": dit.apply_todo_dit(model, downsample_factor=2)}
-    if average:
-        out["todo-2-average"] = dit.apply_todo_dit(model, downsample_factor=2, method="average")
-    if time_factor is not None:
-        out[f"todo-2-t{time_factor}"] = dit.apply_todo_dit(model, downsample_factor=2, time_factor=time_factor)
-    for ratio in ratios:
-        for merge in merges:
-            out[f"tome-{ratio}-{merge}"] = dit.apply_tome_dit(model, ratio=ratio,
-                                                              merge={"qkv": MERGE_QKV, "kv": MERGE_KV}[merge])
+def variants(dit, model, ratios, merges=("qkv", "kv"), time_factor=None, average=False,
+             scopes=(SCOPE_ATTENTION,), block_factors=(2,), skips=((0, 0), (2, 2))) -> dict:
+    """The models to time, by name: ``none``, the attention scope's rows (``scopes`` holding it), then the block
+    scope's, each followed by its ideal twin (``scopes`` holding it; see the module docstring)."""
+    out = {"none": model}
+    if SCOPE_ATTENTION in scopes:
+        out["todo-2"] = dit.apply_todo_dit(model, downsample_factor=2)
+        if average:
+            out["todo-2-average"] = dit.apply_todo_dit(model, downsample_factor=2, method="average")
+        if time_factor is not None:
+            out[f"todo-2-t{time_factor}"] = dit.apply_todo_dit(model, downsample_factor=2, time_factor=time_factor)
+        for ratio in ratios:
+            for merge in merges:
+                out[f"tome-{ratio}-{merge}"] = dit.apply_tome_dit(model, ratio=ratio,
+                                                                  merge={"qkv": MERGE_QKV, "kv": MERGE_KV}[merge])
+    if SCOPE_BLOCK in scopes:
+        out.update(block_variants(dit, model, ratios, block_factors, skips))
     return out
+
+
+def block_module(dit):
+    """``comfyui_dit_block`` as ComfyUI loaded it, beside ``dit`` (``comfyui_dit``)."""
+    return importlib.import_module(dit.__name__.rsplit(".", 1)[0] + ".comfyui_dit_block")
+
+
+def block_variants(dit, model, ratios, factors, skips) -> dict:
+    """``dit_scope`` ``block``: ToMe at each ratio and ToDo at each factor, for each ``(first, last)`` of
+    ``skips``, each followed by its ideal twin; none for a model the block scope does not reach."""
+    family = dit.dit_family(model)
+    if family not in block_module(dit).BLOCK_FAMILIES:
+        print(f"dit_bench: {type(model.model).__name__} has no block scope: no block rows", file=sys.stderr)
+        return {}
+    out = {}
+    for first, last in skips:
+        skip = dict(dit_scope=SCOPE_BLOCK, skip_first_blocks=first, skip_last_blocks=last)
+        reals = {f"tome-{ratio}-block-skip{first}-{last}": dit.apply_tome_dit(model, ratio=ratio, **skip)
+                 for ratio in ratios}
+        reals.update({f"todo-{factor}-block-skip{first}-{last}": dit.apply_todo_dit(
+            model, downsample_factor=factor, **skip) for factor in factors})
+        for name, real in reals.items():
+            out[name], out[f"ideal-{name}"] = real, ideal_twin(dit, model, real, family)
+        if not block_module(dit).chosen_blocks(block_module(dit).block_keys(model, family), first, last):
+            print(f"dit_bench: --skips {first}:{last} leaves none of this model's blocks reduced: its block rows "
+                  "run as no patch does", file=sys.stderr)
+    return out
+
+
+# The block scope's ideal: the blocks the real row reduces, run on as many image tokens at no cost of reduction.
+
+@functools.lru_cache(maxsize=64)
+def removed_per_frame(h: int, w: int, ratio: float, sx: int, sy: int) -> int:
+    """How many of an ``h x w`` frame's tokens ToMe's plan removes (``DiTReduction.plan``'s count: it depends on
+    the grid alone, never on the tokens)."""
+    plan = build_plan(torch.zeros(1, h * w, 1), w, h, sx, sy, int(h * w * ratio), no_rand=True)
+    return 0 if plan is IDENTITY else plan.removed
+
+
+def reduced_tokens(grid: tuple[int, int, int], todo, tome) -> int:
+    """The image tokens a block reduced by ``todo`` (pooled first) and ``tome`` (either may be ``None``) runs on,
+    for an image of ``grid (t, h, w)``: as ``BlockScope.reduction`` leaves them."""
+    t, h, w = grid
+    if todo is not None and todo.factor <= min(h, w):
+        t, h, w = -(-t // todo.time_factor), -(-h // todo.factor), -(-w // todo.factor)
+    removed = 0 if tome is None else removed_per_frame(h, w, tome.ratio, tome.sx, tome.sy)
+    return t * (h * w - removed)
+
+
+def cut(x: torch.Tensor, axis: int, start: int, stop: int) -> torch.Tensor:
+    """``x`` without its entries ``start:stop`` along ``axis``: a view where they end it."""
+    if stop == x.shape[axis]:
+        return x.narrow(axis, 0, start)
+    return torch.cat([x.narrow(axis, 0, start), x.narrow(axis, stop, x.shape[axis] - stop)], dim=axis)
+
+
+@dataclass(frozen=True, eq=False)
+class IdealBlocks:
+    """The ``blocks`` of an ideal twin's ``LayoutWrapper``: at every model call, an ``IdealBlock`` on each block
+    of ``blocks`` (the keys the real row reduces), around whatever replacement the call has there. ``forms``:
+    the family's ``BlockArgs`` by kind of block; ``todo``, ``tome``: the real row's block-scope settings, which
+    say how many image tokens its blocks run on."""
+
+    blocks: frozenset
+    forms: Mapping
+    todo: object | None
+    tome: object | None
+
+    def replacing(self, replaces: Mapping) -> dict:
+        dit = dict(replaces.get("dit") or {})
+        for key in self.blocks:
+            dit[key] = IdealBlock(self, key, dit.get(key))
+        return dict(replaces, dit=dit)
+
+
+@dataclass(frozen=True, eq=False)
+class IdealBlock:
+    """One block of an ideal twin: the block runs on its sequence without the last ``n - m`` image tokens
+    (the rotary table cut alike); those tokens go on to the next block as they came."""
+
+    scope: IdealBlocks
+    key: tuple[str, int]
+    inner: Callable | None = None
+
+    def run(self, args: dict, extra: dict) -> dict:
+        return self.inner(args, extra) if self.inner is not None else extra["original_block"](args)
+
+    def __call__(self, args: dict, extra: dict) -> dict:
+        layout = (args.get("transformer_options") or {}).get(LAYOUT_KEY)
+        form = self.scope.forms[self.key[0]]
+        img = args["img"]
+        offset = args["txt"].shape[1] if form.text_apart else 0  # where img starts in the layout's sequence
+        length = offset + img.shape[1]
+        start = None if layout is None else layout.start(length)
+        pe = args.get("pe")
+        if start is None or start < offset or (form.pe_axis is not None and pe is not None
+                                               and pe.shape[form.pe_axis] != length):
+            return self.run(args, extra)
+        if form.frame_vec and isinstance(args.get("vec"), torch.Tensor) and args["vec"].ndim == 4 \
+                and args["vec"].shape[1] > 1:
+            raise ValueError("dit_bench: the ideal does not cut a per-frame modulation (Wan 2.2 TI2V-5B with a "
+                             "start image); run that model without one")
+        n = layout.n_tokens
+        m = reduced_tokens(layout.grid, self.scope.todo, self.scope.tome)
+        if m >= n:
+            return self.run(args, extra)
+        at = start - offset  # the image in img
+        changes = {"img": cut(img, 1, at + m, at + n)}
+        if form.pe_axis is not None and pe is not None:
+            changes["pe"] = cut(pe, form.pe_axis, start + m, start + n)
+        out = self.run(dict(args, **changes), extra)
+        out_img = out["img"]
+        return dict(out, img=torch.cat([out_img[:, :at + m], img[:, at + m:at + n], out_img[:, at + m:]], dim=1))
+
+
+def ideal_twin(dit, model, real, family: str):
+    """A clone of ``model`` whose blocks that ``real`` (a block-scope variant of it) reduces run on as many image
+    tokens, cut rather than reduced (``IdealBlock``)."""
+    reduction = dit.current_reduction(real) or dit.DiTReduction()  # none: ratio 0 or factor 1, nothing reduced
+    todo, tome = (s if s is not None and s.scope == SCOPE_BLOCK else None
+                  for s in (reduction.todo, reduction.tome))
+    blocks = frozenset().union(*(s.blocks for s in (todo, tome) if s is not None))
+    ideal = model.clone()
+    scope = IdealBlocks(blocks, block_module(dit).BLOCK_FAMILIES[family].args, todo, tome)
+    ideal.add_wrapper_with_key(dit.APPLY_MODEL, dit.WRAPPER_KEY,
+                               dit.LayoutWrapper(dit.dit_spec(ideal, family), scope, attention=False))
+    return ideal
+
+
+class BlockTokens:
+    """A ``dit`` block replacement that notes in ``seen`` how many tokens its block runs on (the text too where
+    it comes apart, ``form.text_apart``), then runs the block (or ``inner``, the replacement that was there)."""
+
+    def __init__(self, form, seen: list, inner: Callable | None = None):
+        self.form, self.seen, self.inner = form, seen, inner
+
+    def __call__(self, args: dict, extra: dict) -> dict:
+        txt = args.get("txt") if self.form.text_apart else None
+        self.seen.append(args["img"].shape[1] + (0 if txt is None else txt.shape[1]))
+        return self.inner(args, extra) if self.inner is not None else extra["original_block"](args)
+
+
+def counting_blocks(dit, model, seen: list) -> dict | None:
+    """The ``patches_replace`` of a model call of ``model`` with a ``BlockTokens`` on each of its blocks, noting
+    into ``seen``; ``None`` for a model the block scope does not reach. The block scope's replacements, and
+    the ideal's, are made at each call around these: the counts are of the tokens the blocks receive."""
+    family, blocks = dit.dit_family(model), block_module(dit)
+    if family not in blocks.BLOCK_FAMILIES:
+        return None
+    replaces = dict(model.model_options["transformer_options"].get("patches_replace") or {})
+    dit_replaces = dict(replaces.get("dit") or {})
+    for key in blocks.block_keys(model, family):
+        dit_replaces[key] = BlockTokens(blocks.BLOCK_FAMILIES[family].args[key[0]], seen, dit_replaces.get(key))
+    return dict(replaces, dit=dit_replaces)
 
 
 def synchronize(device: torch.device) -> None:
@@ -225,12 +438,15 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def forward(model, inputs, device, override=None):
-    """One model call as the sampler makes it: the patcher's transformer options and wrappers, this sigma."""
+def forward(model, inputs, device, override=None, replaces=None):
+    """One model call as the sampler makes it: the patcher's transformer options and wrappers, this sigma.
+    ``replaces``: the call's ``patches_replace`` instead of the model's."""
     x, sigma, context, conds = inputs
     options = dict(model.model_options["transformer_options"], wrappers=model.wrappers, sigmas=sigma)
     if override is not None:
         options["optimized_attention_override"] = override
+    if replaces is not None:
+        options["patches_replace"] = replaces
     with torch.inference_mode():
         out = model.model.apply_model(x, sigma, c_crossattn=context, transformer_options=options, **conds)
     synchronize(device)
@@ -239,7 +455,7 @@ def forward(model, inputs, device, override=None):
 
 def traced_forward(model, inputs, device, dit):
     """One forward of ``model`` with its attention calls timed: ``(output, seconds, self-attention share, cost,
-    matching share, peak bytes)``.
+    matching share, peak bytes, block tokens)``.
 
     Self-attention: the calls the model makes with queries as many as keys,
     timed with whatever override ``model`` has (ours) inside. ``cost``: the
@@ -247,6 +463,8 @@ def traced_forward(model, inputs, device, dit):
     queries times keys the model made. Matching: the time ToMe's plans took
     (``DiTReduction.plan`` of ``dit``, the pack's module as ComfyUI loaded it),
     inside those calls. Peak: above what the process held before the forward.
+    Block tokens: the tokens each block ran on, in the order they ran
+    (``BlockTokens``; empty for a model the block scope does not reach).
     """
     inner = model.model_options["transformer_options"].get(OVERRIDE_KEY)
     spent, made, reached, matching = [0.0], [0], [0], [0.0]
@@ -281,18 +499,20 @@ def traced_forward(model, inputs, device, dit):
     if reduction is not None:
         untimed_plan = reduction.plan
         reduction.plan = staticmethod(timed_plan)
+    blocks = []
+    replaces = counting_blocks(dit, model, blocks)
     probe = probe_for(device)
     held = probe.current()
     probe.reset()
     try:
         start = time.perf_counter()
-        out = forward(model, inputs, device, override=timed)
+        out = forward(model, inputs, device, override=timed, replaces=replaces)
         seconds = time.perf_counter() - start
     finally:
         if reduction is not None:
             reduction.plan = staticmethod(untimed_plan)
     return (out, seconds, spent[0] / seconds, reached[0] / max(made[0], 1), matching[0] / seconds,
-            max(probe.peak() - held, 0))
+            max(probe.peak() - held, 0), blocks)
 
 
 def make_inputs(case: Case, dtype: torch.dtype, device: torch.device):
@@ -312,13 +532,14 @@ def run_case(dit, case: Case, args, device, first: bool) -> list[dict]:
     dtype = DTYPES[args.dtype]
     model = build(case, dtype, device)
     inputs = make_inputs(case, dtype, device)
-    models = variants(dit, model, args.ratio, args.merge, args.time_factor, args.average)
+    models = variants(dit, model, args.ratio, args.merge, args.time_factor, args.average, args.scope,
+                      args.block_factor, args.skips)
     if not args.repeats and first:  # the first forward of a process pays one-time costs: not in the timed ones
         forward(model, inputs, device)
-    distance, peaks, shares, costs, traced, matching = {}, {}, {}, {}, {}, {}
-    for name, m in models.items():  # warm-up, self-attention share, output distance, peak memory
+    distance, peaks, shares, costs, traced, matching, blocks = {}, {}, {}, {}, {}, {}, {}
+    for name, m in models.items():  # warm-up, self-attention share, output distance, peak memory, block tokens
         traced_out = traced_forward(m, inputs, device, dit)
-        out, traced[name], shares[name], costs[name], matching[name], peak = traced_out
+        out, traced[name], shares[name], costs[name], matching[name], peak, blocks[name] = traced_out
         out = out.float()
         if name == "none":
             baseline = out
@@ -333,13 +554,19 @@ def run_case(dit, case: Case, args, device, first: bool) -> list[dict]:
             forward(m, inputs, device)
             times[name].append(time.perf_counter() - start)
     rows = []
+    speed_up = {name: min(times["none"]) / min(times[name]) for name in models}
     for name in models:
-        best = min(times[name])
-        ideal = 1.0 / (1.0 - shares["none"] + shares["none"] * costs[name])
+        if name.startswith("ideal-"):  # the block scope's ideal: its own speed-up
+            scope, ideal = "ideal", speed_up[name]
+        elif f"ideal-{name}" in models:  # a block row: its ideal twin's measured speed-up
+            scope, ideal = SCOPE_BLOCK, speed_up[f"ideal-{name}"]
+        else:  # the attention scope's formula
+            scope = None if name == "none" else SCOPE_ATTENTION
+            ideal = 1.0 / (1.0 - shares["none"] + shares["none"] * costs[name])
         rows.append({"model": case.name, "latent": list(case.latent), "dtype": args.dtype, "device": device.type,
-                     "variant": name, "seconds": best, "speed-up": min(times["none"]) / best, "ideal": ideal,
-                     "self-attention share": shares[name], "matching share": matching[name],
-                     "peak MiB": peaks[name], "relative distance": distance[name]})
+                     "variant": name, "scope": scope, "seconds": min(times[name]), "speed-up": speed_up[name],
+                     "ideal": ideal, "self-attention share": shares[name], "matching share": matching[name],
+                     "peak MiB": peaks[name], "relative distance": distance[name], "block tokens": blocks[name]})
         print(json.dumps(rows[-1]), flush=True)
     del model, models
     if device.type == "cuda":
@@ -347,16 +574,38 @@ def run_case(dit, case: Case, args, device, first: bool) -> list[dict]:
     return rows
 
 
+def runs(counts: list[int]) -> str:
+    """Block token counts in the order the blocks ran, runs of equal counts together: ``4608 (2), 2560 (4)``."""
+    parts = []
+    for count in counts:
+        if parts and parts[-1][0] == count:
+            parts[-1][1] += 1
+        else:
+            parts.append([count, 1])
+    return ", ".join(f"{count} ({times})" for count, times in parts)
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| model | latent | variant | time (s) | vs no patch | ideal | self-attention share | matching share "
-             "| output distance | peak MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| output distance | peak MiB | block tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} {r['dtype']} {r['device']} | {'x'.join(map(str, r['latent']))} "
                      f"| {r['variant']} | {r['seconds']:.3f} | {r['speed-up']:.2f}x | {r['ideal']:.2f}x "
                      f"| {r['self-attention share']:.0%} | {r['matching share']:.1%} "
-                     f"| {r['relative distance']:.3f} | {r['peak MiB']:.0f} |")
+                     f"| {r['relative distance']:.3f} | {r['peak MiB']:.0f} | {runs(r.get('block tokens', []))} |")
     return "\n".join(lines)
+
+
+def skip_pair(text: str) -> tuple[int, int]:
+    """``--skips``: ``FIRST:LAST``, the blocks run whole at each end."""
+    try:
+        first, last = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--skips takes FIRST:LAST block counts, such as 2:2, not {text!r}") from None
+    if first < 0 or last < 0:
+        raise argparse.ArgumentTypeError(f"--skips takes counts of 0 or more, not {text!r}")
+    return first, last
 
 
 def video_size(text: str) -> tuple[int, int]:
@@ -369,21 +618,30 @@ def video_size(text: str) -> tuple[int, int]:
     return width, height
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", nargs="+", choices=[*REAL_CASES, "flux", "tiny"], default=["sd35m", "wan13b"],
-                        help="which models (see the module docstring)")
+    parser.add_argument("--model", nargs="+", choices=[*REAL_CASES, "flux", "qwen", "tiny"],
+                        default=["sd35m", "wan13b"], help="which models (see the module docstring)")
     parser.add_argument("--frames", type=int, nargs="+", default=[17],
-                        help="wan13b, hunyuan, wan22animate, ltxv: video lengths in frames")
+                        help="the video models (wan13b, wan14b, ...): video lengths in frames")
     parser.add_argument("--size", type=video_size, metavar="WIDTHxHEIGHT",
                         help="video models: the size in pixels (default: each model's own)")
     parser.add_argument("--blocks", type=int,
-                        help="sd35m, wan13b, wan22animate, ltxv: run only this many of the model's blocks "
-                             "(hunyuan: double blocks)")
-    parser.add_argument("--px", type=int, nargs="+", default=[1024], help="flux: image sizes in pixels")
+                        help="sd35m, wan13b, wan14b, wan22ti2v, wan22animate, ltxv, qwen: run only this many of "
+                             "the model's blocks (hunyuan: double blocks; tiny: the block scope's families)")
+    parser.add_argument("--px", type=int, nargs="+", default=[1024], help="flux, qwen: image sizes in pixels")
     parser.add_argument("--flux-blocks", type=int, nargs=2, default=[2, 4], metavar=("DOUBLE", "SINGLE"),
                         help="flux: how many double and single blocks (the real model has 19 and 38)")
-    parser.add_argument("--ratio", type=float, nargs="*", default=[0.5], help="ToMe ratios (none: no ToMe rows)")
+    parser.add_argument("--ratio", type=float, nargs="*", default=[0.5],
+                        help="ToMe ratios, at each scope of --scope (none: no ToMe rows)")
+    parser.add_argument("--scope", nargs="+", choices=[SCOPE_ATTENTION, SCOPE_BLOCK], default=[SCOPE_ATTENTION],
+                        help="dit_scope of the rows: attention (ToDo 2 and --ratio with --merge, the rows before "
+                             "issue 33), block (--ratio and --block-factor per --skips, each with its ideal)")
+    parser.add_argument("--block-factor", type=int, nargs="*", default=[2],
+                        help="--scope block: ToDo factors (none: no ToDo block rows)")
+    parser.add_argument("--skips", type=skip_pair, nargs="+", default=[(0, 0), (2, 2)], metavar="FIRST:LAST",
+                        help="--scope block: skip_first_blocks:skip_last_blocks of each row (default 0:0 and the "
+                             "nodes' default 2:2)")
     parser.add_argument("--merge", nargs="+", choices=["qkv", "kv"], default=["qkv", "kv"],
                         help="ToMe: what is merged (q, k and v, or k and v only)")
     parser.add_argument("--time-factor", type=int, help="also ToDo 2 pooling this many frames (video models)")
@@ -395,7 +653,11 @@ def main() -> None:
                         help="timed rounds; the minimum is reported (0: one untimed forward, then the warm-up "
                              "forward is the one timed)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder for JSON and Markdown")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     comfyui_host.boot_in_process(Path(tempfile.mkdtemp()) / "custom_nodes", cpu=device.type == "cpu",
                                  sdpa=args.sdpa)
@@ -403,7 +665,8 @@ def main() -> None:
     rows = [row for index, case in enumerate(cases_of(args))
             for row in run_case(dit, case, args, device, first=index == 0)]
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"dit_{'_'.join(args.model)}_{args.dtype}_{'sdpa' if args.sdpa else 'default'}"
+    scopes = "" if args.scope == [SCOPE_ATTENTION] else "_" + "_".join(args.scope)
+    stem = f"dit_{'_'.join(args.model)}{scopes}_{args.dtype}_{'sdpa' if args.sdpa else 'default'}"
     machine = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                "torch": torch.__version__,
                "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}

@@ -172,11 +172,95 @@ def test_gpu_table_smoke_runs_on_the_cpu(tmp_path):
     for family in ("sd15", "sdxl"):
         rows = [line for line in table.splitlines() if line.startswith(f"| {family} fp16 |")]
         assert [line.split("|")[5].strip() for line in rows] == ["none", "core", "ours-qkv", "fast", "todo-2"]
-    video = [line.split("|") for line in table.splitlines() if line.startswith("| tiny-wan21 fp32 cpu |")]
+    video = [line.split("|") for line in table.splitlines() if line.startswith("| tiny-wan21-4blocks fp32 cpu |")]
     assert [row[3].strip() for row in video] == ["none", "todo-2", "todo-2-t2", "tome-0.5-kv", "tome-0.75-kv"]
     matching = [float(row[8].strip().rstrip("%")) for row in video]
     assert matching[:3] == [0, 0, 0] and min(matching[3:]) > 0  # only ToMe matches
+    block = [line.split("|") for line in table.split("## Block scope")[1].splitlines()
+             if line.startswith("| tiny-flux-5blocks fp32 cpu |")]
+    assert [row[3].strip() for row in block] == ["none", "todo-2", "tome-0.5-qkv", "tome-0.5-kv"] + [
+        f"{prefix}{name}-block-skip{skips}" for skips in ("0-0", "2-2") for name in ("tome-0.5", "todo-2")
+        for prefix in ("", "ideal-")]
+    skipped = ["263 (2), 135 (1), 263 (2)"] * 2 + ["263 (2), 71 (1), 263 (2)"] * 2  # text 7 + image 256, 128, 64
+    assert [row[11].strip() for row in block[-4:]] == skipped
     assert "| SD1.5 | Apply ToMe | 1.00 | 0.00 |" in table  # the counts: one host read per model call
+
+
+def _dit_block_rows(pack, families):
+    """dit_bench's rows for the tiny models of ``families`` at 5 blocks: both scopes, skips 0:0 and 2:2."""
+    bench = load_bench("dit_bench")
+    args = bench.parse_args(["--model", "tiny", "--blocks", "5", "--scope", "attention", "block", "--merge", "kv",
+                             "--dtype", "fp32", "--repeats", "0"])
+    wanted = {f"tiny-{family}" for family in families}  # the block scope's families are named with their depth
+    cases = [case for case in bench.cases_of(args) if case.name.removesuffix("-5blocks") in wanted]
+    assert len(cases) == len(families)
+    return bench, [row for index, case in enumerate(cases)
+                   for row in bench.run_case(pack.dit, case, args, torch.device("cpu"), first=index == 0)]
+
+
+BLOCK_VARIANTS = [f"{prefix}{name}-block-skip{skips}" for skips in ("0-0", "2-2")
+                  for name in ("tome-0.5", "todo-2") for prefix in ("", "ideal-")]
+
+
+@pytest.mark.parametrize(("family", "text", "frames"), [("flux", 7, 1), ("wan21", 0, 3)])
+def test_dit_bench_block_rows_run_on_the_reduced_tokens_beside_their_ideal(pack, family, text, frames):
+    # a 32x32 latent: 16x16 image tokens a frame; ToMe 0.5 leaves 128 of them, ToDo 2 64
+    bench, rows = _dit_block_rows(pack, [family])
+    by_name = {row["variant"]: row for row in rows}
+    assert list(by_name) == ["none", "todo-2", "tome-0.5-kv", *BLOCK_VARIANTS]
+    full, tome, todo = (text + frames * n for n in (256, 128, 64))
+    assert by_name["none"]["block tokens"] == by_name["todo-2"]["block tokens"] == [full] * 5
+    for name, reduced in (("tome-0.5", tome), ("todo-2", todo)):
+        assert by_name[f"{name}-block-skip0-0"]["block tokens"] == [reduced] * 5
+        assert by_name[f"{name}-block-skip2-2"]["block tokens"] == [full, full, reduced, full, full]
+    for name in BLOCK_VARIANTS:
+        row = by_name[name]
+        if name.startswith("ideal-"):  # the ideal is its own speed-up and runs on the same tokens as its twin
+            assert row["scope"] == "ideal" and row["ideal"] == row["speed-up"]
+            assert row["block tokens"] == by_name[name.removeprefix("ideal-")]["block tokens"]
+            assert row["matching share"] == 0.0
+        else:
+            assert row["scope"] == "block" and row["ideal"] == by_name[f"ideal-{name}"]["speed-up"]
+        assert row["seconds"] > 0 and 0.0 < row["relative distance"] < 1.0
+    assert by_name["tome-0.5-block-skip0-0"]["matching share"] > 0 == by_name["todo-2-block-skip0-0"]["matching share"]
+    assert by_name["todo-2"]["scope"] == "attention" and by_name["none"]["scope"] is None
+    table = bench.markdown(rows)
+    assert f"| {full} (2), {tome} (1), {full} (2) |" in table and f"| {todo} (5) |" in table
+    json.dumps(rows)
+
+
+def test_dit_bench_block_rows_reach_sd3_and_qwen_image_and_skip_the_rest(pack):
+    bench, rows = _dit_block_rows(pack, ["sd3", "qwen_image", "lumina2"])
+    for model, full in (("tiny-sd3-5blocks", 7 + 256), ("tiny-qwen_image-5blocks", 7 + 256)):
+        by_name = {row["variant"]: row for row in rows if row["model"] == model}
+        assert list(by_name)[3:] == BLOCK_VARIANTS
+        for name in BLOCK_VARIANTS:
+            reduced = 7 + (128 if "tome" in name else 64)
+            expected = [reduced] * 5 if "skip0-0" in name else [full, full, reduced, full, full]
+            assert by_name[name]["block tokens"] == expected, (model, name)
+    lumina = [row for row in rows if row["model"] == "tiny-lumina2"]  # not reached: no block rows, no counts
+    assert [row["variant"] for row in lumina] == ["none", "todo-2", "tome-0.5-kv"]
+    assert all(row["block tokens"] == [] for row in lumina)
+
+
+def test_dit_bench_real_cases_have_the_issues_widths():
+    bench = load_bench("dit_bench")
+    cases = {case.name: case for case in bench.cases_of(bench.parse_args(
+        ["--model", "sd35m", "flux", "qwen", "--blocks", "4", "--flux-blocks", "2", "4"]))}
+    cases.update({case.name: case for case in bench.cases_of(bench.parse_args(["--model", "sd35m"]))})
+    sd35 = cases["sd35m"].config  # all 24 joint blocks of width 64 * 24, image-only attention in the first 13
+    assert sd35["depth"] == 24 and "num_blocks" not in sd35 and sd35["x_block_self_attn_layers"] == list(range(13))
+    assert cases["sd35m"].latent == (1, 16, 128, 128)
+    flux = cases["flux-2d4s-1024px"]
+    assert (flux.config["hidden_size"], flux.config["depth"], flux.config["depth_single_blocks"]) == (3072, 2, 4)
+    qwen = cases["qwen-1024px-4blocks"]
+    assert qwen.config["num_layers"] == 4 and qwen.config["num_attention_heads"] * qwen.config["attention_head_dim"] \
+        == 3072 and qwen.latent == (1, 16, 1, 128, 128) and qwen.text == (256, 3584)
+    wan = bench.cases_of(bench.parse_args(["--model", "wan13b", "wan14b", "--frames", "81", "--blocks", "1"]))
+    assert [(case.name, case.latent) for case in wan] == [
+        ("wan13b-81f-1blocks", (1, 16, 21, 60, 104)), ("wan14b-81f-1blocks", (1, 16, 21, 60, 104))]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--skips", "2"])
 
 
 def test_sampler_bench_hires_times_the_second_pass(comfy_nodes):
