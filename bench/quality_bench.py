@@ -3,6 +3,7 @@
     .venv/bin/python bench/quality_bench.py                       # every judge and setting (an hour or more)
     .venv/bin/python bench/quality_bench.py --layout sd15 --smoke  # seconds: one photograph and seed, 2 steps
     .venv/bin/python bench/quality_bench.py --depth                # each block's change of the image tokens
+    .venv/bin/python bench/quality_bench.py --findings bench/records/quality/*.json  # both generations' findings
     .venv/bin/python bench/quality_bench.py --picture docs/quality.png   # the README's picture too
 
 The judges are the models of the real footprint (``tm.GENERATIONS``); ``--layout`` names any trained
@@ -24,7 +25,9 @@ Every figure is a mean with its standard deviation over photographs and seeds. P
 drops the very tokens ToMe would merge: merging's gain over it is what averaging buys. On DiTs, the "plain
 mean" rows (``keep_norms=False``) merge and pool keys by their plain mean, as the pack did before this bench
 showed that the mean shortens them (``tome.norms``). JSON rows go to ``--out``, Markdown
-tables to standard output.
+tables to standard output. The rows behind docs/QUALITY.md are committed in ``bench/records/quality/`` (one
+file per run, named by its judges), so that ``--findings`` can set both generations side by side without
+rerunning them.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ def core(ratio: float) -> Callable:
 
 def settings() -> list[Setting]:
     from tome.downsample import AVERAGE
+    from tome.hosts.comfyui_dit import SCOPE_BLOCK
     from tome.hosts.comfyui_unet import MERGE_KV, MERGE_Q, SCOPE_ALL, SCOPE_CROSS
     from tome.merge import PRUNE
 
@@ -117,6 +121,16 @@ def settings() -> list[Setting]:
             model, downsample_factor=2, method=AVERAGE, keep_norms=False), dit_only=True),
         Setting("ToDo 2 time_factor 2", todo(2, time_factor=2), video_only=True),
         Setting("ToDo 2 from 0.3", todo(2, start_percent=0.3)),
+        # The block scope (dit_scope block): whole blocks on the reduced image tokens. Its default skips the
+        # first and last 2 blocks; "all blocks" skips none, "from 0.2" spares the first fifth of the schedule.
+        Setting("ToMe 0.3 block", tome(0.3, dit_scope=SCOPE_BLOCK), dit_only=True),
+        Setting("ToMe 0.5 block", tome(0.5, dit_scope=SCOPE_BLOCK), dit_only=True),
+        Setting("ToMe 0.5 block, all blocks", tome(0.5, dit_scope=SCOPE_BLOCK, skip_first_blocks=0,
+                                                   skip_last_blocks=0), dit_only=True),
+        Setting("ToMe 0.5 block from 0.2", tome(0.5, dit_scope=SCOPE_BLOCK, start_percent=0.2), dit_only=True),
+        Setting("prune 0.5 block", tome(0.5, dit_scope=SCOPE_BLOCK, reduce=PRUNE), dit_only=True),
+        Setting("ToDo 2 block", todo(2, dit_scope=SCOPE_BLOCK), dit_only=True),
+        Setting("ToDo 2 average block", todo(2, method=AVERAGE, dit_scope=SCOPE_BLOCK), dit_only=True),
     ]
 
 

@@ -136,11 +136,16 @@ def test_the_quality_bench_smoke_run_measures_every_setting(tmp_path):
     bench = load_bench("quality_bench")
     expected = sum(1 for name in TRAINED for s in bench.settings() if s.applies_to(tm.LAYOUTS[name]))
     assert len(rows) == expected
+    # The block scope's default leaves the first and last 2 blocks whole: nothing on a model of 4 blocks or fewer.
+    blocks = {name: sum(type(m).__name__ in bench.BLOCK_IMAGE
+                        for m in tm.untrained(tm.LAYOUTS[name]).model.diffusion_model.modules()) for name in TRAINED}
     for row in rows:
         assert row["x0 error 0.5"]["mean"] > 0
-        # Every setting moves the prediction but no patch, and the core node on SDXL, where it merges nothing.
-        acts = row["setting"] != "none" and not (row["setting"].startswith("core")
-                                                 and tm.LAYOUTS[row["layout"]].config_class == "SDXL")
+        # Every setting moves the prediction but no patch, the core node on SDXL, where it merges nothing, and the
+        # block scope's default where it leaves no block.
+        idle_blocks = " block" in row["setting"] and "all blocks" not in row["setting"] and blocks[row["layout"]] <= 4
+        acts = row["setting"] != "none" and not idle_blocks and not (
+            row["setting"].startswith("core") and tm.LAYOUTS[row["layout"]].config_class == "SDXL")
         assert (row["x0 change 0.5"]["mean"] > 0) == acts, row["layout"] + ": " + row["setting"]
     none = [r for r in rows if r["setting"] == "none"]
     assert all(r["img2img PSNR"]["mean"] == 100.0 for r in none)  # a setting compared with itself
