@@ -440,7 +440,7 @@ def finding_cell(finding: Finding, rows: dict[str, dict]) -> str | None:
     if not all(name in rows for name in finding.settings):
         return None
     values = [rows[name][finding.metric]["mean"] for name in finding.settings]
-    digits = 1 if finding.higher_is_better else 3
+    digits = 2 if finding.higher_is_better else 3
     holds = all((a > b) if finding.higher_is_better else (a < b) for a, b in itertools.pairwise(values))
     return " / ".join(f"{v:.{digits}f}" for v in values) + (" holds" if holds else " **fails**")
 
