@@ -399,22 +399,29 @@ def test_a_per_frame_modulation_beside_a_reference_frame_runs_the_block_whole(pa
     assert "do not match its tokens one for one" in caplog.text
 
 
-@pytest.mark.parametrize("when", ["before", "after"])
-def test_another_nodes_block_replacement_runs_on_the_reduced_tokens(comfy_nodes, pack, flux, when):
-    """Another node's ``dit`` replacement on both blocks, put on the model before our node or after it: it still
-    runs every call, inside ours (on the merged tokens)."""
-    replaced = []
+def another_nodes_replacement(*keys):
+    """Another node's ``dit`` replacement on the blocks ``keys`` (``(kind, index)``), recording the image length
+    each call hands it and running the block: the function that puts it on a clone, and the record."""
+    seen = []
 
-    def other_nodes_block(args, extra):
-        replaced.append(args["img"].shape[1])
+    def block(args, extra):
+        seen.append(args["img"].shape[1])
         return extra["original_block"](args)
 
     def put(model):
         model = model.clone()
-        model.set_model_patch_replace(other_nodes_block, "dit", "double_block", 0)
-        model.set_model_patch_replace(other_nodes_block, "dit", "single_block", 0)
+        for kind, index in keys:
+            model.set_model_patch_replace(block, "dit", kind, index)
         return model
 
+    return put, seen
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_another_nodes_block_replacement_runs_on_the_reduced_tokens(comfy_nodes, pack, flux, when):
+    """Another node's ``dit`` replacement on both blocks, put on the model before our node or after it: it still
+    runs every call, inside ours (on the merged tokens)."""
+    put, replaced = another_nodes_replacement(("double_block", 0), ("single_block", 0))
     if when == "before":
         patched = pack.dit.apply_tome_dit(put(flux), ratio=0.5, **BLOCKS)
     else:
@@ -546,17 +553,7 @@ def test_sd3_wan_and_qwen_image_same_seed_same_image_and_not_the_attention_scope
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_another_nodes_block_replacement_runs_on_the_reduced_tokens_of_sd3_wan_and_qwen_image(
         comfy_nodes, pack, family_models, family, when):
-    replaced = []
-
-    def other_nodes_block(args, extra):
-        replaced.append(args["img"].shape[1])
-        return extra["original_block"](args)
-
-    def put(model):
-        model = model.clone()
-        model.set_model_patch_replace(other_nodes_block, "dit", "double_block", 1)
-        return model
-
+    put, replaced = another_nodes_replacement(("double_block", 1))
     model = family_models[family]
     apply = APPLY["tome"](pack)
     patched = apply(put(model)) if when == "before" else put(apply(model))
@@ -579,14 +576,8 @@ def test_wan_vace_main_blocks_are_reduced_and_its_control_blocks_stay_whole(comf
     """VACE: our replacement composes with the main blocks' marks: the main blocks get the merged video, the
     control block attends over the whole control video (90 tokens) on the model's full input, and another node's
     replacement on main block 1 still runs, inside ours."""
-    model = dit_models.build_dit_model("wan21_vace").clone()
-    replaced = []
-
-    def other_nodes_block(args, extra):
-        replaced.append(args["img"].shape[1])
-        return extra["original_block"](args)
-
-    model.set_model_patch_replace(other_nodes_block, "dit", "double_block", 1)
+    put, replaced = another_nodes_replacement(("double_block", 1))
+    model = put(dit_models.build_dit_model("wan21_vace"))
     out, blocks, attention = family_traced(comfy_nodes, model, APPLY["tome"](pack), "wan21_vace")
     assert torch.isfinite(out).all()
     assert {tokens for _, tokens, _ in blocks} == {45}
