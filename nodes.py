@@ -4,7 +4,9 @@ What the nodes do lives in ``tome/hosts/``: ``comfyui_models`` sends each model 
 adapter, ``comfyui_unet`` (SD1.x, SD2.x, SDXL) or ``comfyui_dit`` (SD3.5, Flux / Flux 2 /
 Chroma, Wan, Qwen-Image, Lumina 2, HunyuanVideo, LTX-Video, HiDream, Cosmos 1 and Predict2, Mochi). Node
 ids, input names, types, defaults and ranges are those of the V1 nodes that came before, so
-saved workflows keep loading; inputs added later are optional.
+saved workflows keep loading; inputs added later are optional. One default changed: Apply ToDo's method is
+``auto`` (the family's cheaper pooling), a choice added beside the old ones, so a saved workflow keeps the
+method it stored.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import dataclasses
 
 from comfy_api.latest import ComfyExtension, io
 
-from .tome.downsample import METHODS, NEAREST
 from .tome.hosts.comfyui_dit import (
     DIT_SCOPES,
     MAX_SKIP_BLOCKS,
@@ -21,7 +22,7 @@ from .tome.hosts.comfyui_dit import (
     SKIP_FIRST_BLOCKS,
     SKIP_LAST_BLOCKS,
 )
-from .tome.hosts.comfyui_models import apply_todo, apply_tome
+from .tome.hosts.comfyui_models import AUTO, METHOD_CHOICES, apply_todo, apply_tome, auto_method_summary
 from .tome.hosts.comfyui_unet import DOWNSAMPLE_CHOICES, MERGE_MODES, MERGE_QKV, SCOPE_SELF, SCOPES
 
 CATEGORY = "model_patches/unet"
@@ -193,9 +194,11 @@ class ApplyToDo(io.ComfyNode):
                                      "quarter of them, 3 a ninth. 1 turns ToDo off. A block whose token grid is "
                                      "smaller than the factor is left as is."),
                 max_downsample_input("Larger values pool in more blocks: faster, lower fidelity."),
-                io.Combo.Input("method", options=list(METHODS), default=NEAREST,
-                               tooltip="How a cell becomes one key/value token. nearest: its top-left token (the "
-                                       "paper's default); average: the mean of the cell (on a DiT, keys keep their "
+                io.Combo.Input("method", options=list(METHOD_CHOICES), default=AUTO,
+                               tooltip="How a cell becomes one key/value token. auto: the one the quality bench "
+                                       "measured cheaper (nearest and average take the same time): "
+                                       + auto_method_summary() + ". nearest: its top-left token (the paper's "
+                                       "default); average: the mean of the cell (on a DiT, keys keep their "
                                        "tokens' mean length); max: the maximum of each channel."),
                 *window_inputs("downsampling"),
                 io.Int.Input("time_factor", default=1, min=1, max=8, optional=True,

@@ -122,13 +122,13 @@ MODELS = {
 }
 TEXT_TOKENS, TEXT_WIDTH = 7, 32
 # Each node as a user sets it: Apply ToMe's defaults; Apply ToMe (Advanced) with what decides per call (a
-# step window, reuse_steps, the widest scope: ignored on a DiT, with a warning); Apply ToDo's default and its
-# average pooling.
+# step window, reuse_steps, the widest scope: ignored on a DiT, with a warning); Apply ToDo with nearest and
+# with average pooling (its default, auto, is one of the two per family).
 NODES = {
     "Apply ToMe": ("tome", {"ratio": 0.5}),
     "Apply ToMe (Advanced)": ("tome", {"ratio": 0.5, "start_percent": 0.0, "end_percent": 0.7, "reuse_steps": 2,
                                        "scope": "self-attention, cross-attention and MLP"}),
-    "Apply ToDo": ("todo", {"downsample_factor": 2}),
+    "Apply ToDo": ("todo", {"downsample_factor": 2, "method": "nearest"}),
     "Apply ToDo (average)": ("todo", {"downsample_factor": 2, "method": "average"}),
 }
 STEPS = 3

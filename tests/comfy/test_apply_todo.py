@@ -15,6 +15,8 @@ from helpers import (
     self_attention_calls,
 )
 
+from tome_harness import dit_models
+
 
 @pytest.mark.parametrize("factor", [2, 3])
 @pytest.mark.parametrize("method", ["nearest", "average", "max"])
@@ -98,3 +100,42 @@ def test_start_after_end_is_rejected(pack, sd15):
 def test_bad_input_is_an_error_naming_it(pack, sd15, inputs, message):
     with pytest.raises(ValueError, match=message):
         pack.unet.apply_todo(sd15, **{"downsample_factor": 2, **inputs})
+
+
+def todo_node(pack, model, **inputs):
+    """The Apply ToDo node with its defaults, as a user drops it, and ``inputs`` changed."""
+    defaults = {i.id: i.default for i in pack.nodes.ApplyToDo.define_schema().inputs if i.id != "model"}
+    (patched,) = pack.nodes.ApplyToDo.execute(model=model, **{**defaults, **inputs}).result
+    return patched
+
+
+def pooling_method(patched) -> str:
+    """The method the ToDo patch on ``patched`` pools with (a U-Net's attn1 patch or a DiT's override)."""
+    options = patched.model_options["transformer_options"]
+    if "optimized_attention_override" in options:
+        return options["optimized_attention_override"].todo.method
+    (patch,) = options["patches"]["attn1_patch"]
+    return patch.settings.method
+
+
+@pytest.mark.parametrize(("name", "method"), [
+    ("sd15", "nearest"), ("sd3", "nearest"), ("flux", "average"), ("chroma", "average"), ("wan21", "nearest"),
+    ("qwen_image", "average"), ("ltxv", "average")])
+def test_method_auto_is_the_default_and_picks_the_familys_cheaper_pooling(pack, sd15, name, method):
+    """``auto`` (the default) picks per family what docs/QUALITY.md measured cheaper; a method a saved workflow
+    stored is kept."""
+    model = sd15 if name == "sd15" else dit_models.build_dit_model(name)
+    assert pooling_method(todo_node(pack, model)) == method
+    for stored in ("nearest", "average"):
+        assert pooling_method(todo_node(pack, model, method=stored)) == stored
+
+
+def test_method_auto_has_a_choice_for_every_family_and_the_tooltip_names_them(pack):
+    from tome.hosts.dit_families import FAMILIES
+
+    comfyui_models = pack.models
+    assert set(comfyui_models.AUTO_METHOD) == {None, *FAMILIES}
+    (method,) = [i for i in pack.nodes.ApplyToDo.define_schema().inputs if i.id == "method"]
+    assert method.default == "auto" and method.options[0] == "auto"
+    for who, _, choice, _ in comfyui_models.AUTO_METHODS:
+        assert f"{choice} on {who}" in method.tooltip

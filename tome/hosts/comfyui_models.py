@@ -9,13 +9,59 @@ from __future__ import annotations
 
 import logging
 
-from ..downsample import NEAREST
+from ..downsample import AVERAGE, METHODS, NEAREST
 from ..merge import MEAN
 from . import comfyui_dit, comfyui_unet
+from .comfyui import check_choice
 from .comfyui_dit import SCOPE_ATTENTION, SKIP_FIRST_BLOCKS, SKIP_LAST_BLOCKS
 from .comfyui_unet import MERGE_QKV, SCOPE_SELF
+from .dit_families import (
+    COSMOS,
+    COSMOS1,
+    FLUX,
+    HIDREAM,
+    HUNYUAN_VIDEO,
+    LTXV,
+    LUMINA2,
+    MOCHI,
+    QWEN_IMAGE,
+    SD3,
+    WAN,
+    WAN_ANIMATE,
+    WAN_HUMO,
+    WAN_S2V,
+)
 
 log = logging.getLogger(__name__)
+
+# Apply ToDo's method "auto": per family, the pooling the quality bench measured cheaper on that family's
+# trained judge, by the x0 change at half the schedule (docs/QUALITY.md, "ToDo's method"). Nearest and average
+# cost the same time, so the cheaper in quality is the only choice that is never the dearest. A family without a
+# judge gets average, the choice whose measured worst case is mildest: nearest costs Flux four times what average
+# does, average costs Wan at most 1.7 times what nearest does. ``None``: the U-Nets.
+AUTO = "auto"
+METHOD_CHOICES = (AUTO, *METHODS)
+AUTO_METHODS = (
+    # (who, families, method, why)
+    ("SD1.x, SD2.x, SDXL, SD3.5, Wan 2.x", (None, SD3, WAN, WAN_ANIMATE, WAN_S2V, WAN_HUMO), NEAREST, "measured"),
+    ("Flux, Flux 2, Chroma", (FLUX,), AVERAGE, "measured"),
+    ("Qwen-Image, Lumina 2 / Z-Image, HiDream, HunyuanVideo, LTX-Video, Cosmos, Mochi",
+     (QWEN_IMAGE, LUMINA2, HIDREAM, HUNYUAN_VIDEO, LTXV, COSMOS, COSMOS1, MOCHI), AVERAGE,
+     "no trained model: the choice whose measured worst case is mildest"),
+)
+AUTO_METHOD = {family: method for _, families, method, _ in AUTO_METHODS for family in families}
+
+
+def auto_method_summary() -> str:
+    """What ``auto`` picks on each family and why, for the tooltip and the help page."""
+    return "; ".join(f"{method} on {who}" + ("" if why == "measured" else f" ({why})")
+                     for who, _, method, why in AUTO_METHODS)
+
+
+def todo_method(method: str, family: str | None) -> str:
+    """``method``, or the one ``auto`` picks for ``family`` (a ``dit_family``, ``None`` for the U-Nets)."""
+    check_choice("method", method, METHOD_CHOICES)
+    return AUTO_METHOD[family] if method == AUTO else method
 
 
 def warn_ignored(node: str, model, inputs: dict[str, tuple[object, object]]) -> None:
@@ -53,12 +99,17 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
                                       skip_first_blocks=skip_first_blocks, skip_last_blocks=skip_last_blocks)
 
 
-def apply_todo(model, *, downsample_factor: int, max_downsample: str = "auto", method: str = NEAREST,
+def apply_todo(model, *, downsample_factor: int, max_downsample: str = "auto", method: str = AUTO,
                start_percent: float = 0.0, end_percent: float = 1.0, time_factor: int = 1,
                dit_scope: str = SCOPE_ATTENTION, skip_first_blocks: int = SKIP_FIRST_BLOCKS,
                skip_last_blocks: int = SKIP_LAST_BLOCKS):
-    """Apply ToDo's inputs to ``model``, a U-Net or a DiT; returns the patched clone (or ``model``)."""
-    if comfyui_dit.dit_family(model) is None:
+    """Apply ToDo's inputs to ``model``, a U-Net or a DiT; returns the patched clone (or ``model``). ``method``
+    ``auto`` picks the family's (``AUTO_METHOD``)."""
+    family = comfyui_dit.dit_family(model)
+    if method == AUTO:
+        log.info("Apply ToDo: method auto is %s on %s", AUTO_METHOD[family], family or "a U-Net")
+    method = todo_method(method, family)
+    if family is None:
         warn_ignored("Apply ToDo", model, {"time_factor": (time_factor, 1),
                                            **dit_inputs(dit_scope, skip_first_blocks, skip_last_blocks)})
         return comfyui_unet.apply_todo(model, downsample_factor=downsample_factor, max_downsample=max_downsample,
