@@ -4,6 +4,7 @@
     .venv/bin/python bench/quality_bench.py --layout sd15 --smoke  # seconds: one photograph and seed, 2 steps
     .venv/bin/python bench/quality_bench.py --depth                # each block's change of the image tokens
     .venv/bin/python bench/quality_bench.py --findings bench/records/quality/*.json  # both generations' findings
+    .venv/bin/python bench/quality_bench.py --tables bench/records/quality/flux-512.json  # a run's tables again
     .venv/bin/python bench/quality_bench.py --picture docs/quality.png   # the README's picture too
 
 The judges are the models of the real footprint (``tm.GENERATIONS``); ``--layout`` names any trained
@@ -76,8 +77,10 @@ def tome(ratio: float, **inputs) -> Callable:
     return lambda pack, model, layout: pack.models.apply_tome(model, ratio=ratio, **inputs)
 
 
-def todo(factor: int, **inputs) -> Callable:
-    return lambda pack, model, layout: pack.models.apply_todo(model, downsample_factor=factor, **inputs)
+def todo(factor: int, method: str = "nearest", **inputs) -> Callable:
+    """ToDo with ``method`` named: the rows keep their meaning whatever the node's ``auto`` picks."""
+    return lambda pack, model, layout: pack.models.apply_todo(model, downsample_factor=factor, method=method,
+                                                              **inputs)
 
 
 def core(ratio: float) -> Callable:
@@ -128,6 +131,12 @@ def settings() -> list[Setting]:
         Setting("ToMe 0.5 block, all blocks", tome(0.5, dit_scope=SCOPE_BLOCK, skip_first_blocks=0,
                                                    skip_last_blocks=0), dit_only=True),
         Setting("ToMe 0.5 block from 0.2", tome(0.5, dit_scope=SCOPE_BLOCK, start_percent=0.2), dit_only=True),
+        # The share of blocks reduced: the default skips reduce 4 of sd35-512's 8 blocks but 20 of SD3.5 medium's
+        # 24; sparing one block at each end reduces 6 of 8, nearer a deep model's share.
+        Setting("ToMe 0.5 block, skip 1:1", tome(0.5, dit_scope=SCOPE_BLOCK, skip_first_blocks=1,
+                                                 skip_last_blocks=1), dit_only=True),
+        Setting("ToMe 0.3 block, all blocks", tome(0.3, dit_scope=SCOPE_BLOCK, skip_first_blocks=0,
+                                                   skip_last_blocks=0), dit_only=True),
         Setting("prune 0.5 block", tome(0.5, dit_scope=SCOPE_BLOCK, reduce=PRUNE), dit_only=True),
         Setting("ToDo 2 block", todo(2, dit_scope=SCOPE_BLOCK), dit_only=True),
         Setting("ToDo 2 average block", todo(2, method=AVERAGE, dit_scope=SCOPE_BLOCK), dit_only=True),
@@ -431,14 +440,17 @@ FINDINGS = (
             ("ToDo 2 from 0.3", "ToDo 2"), higher_is_better=True),
     Finding("ToDo average costs less than nearest", "x0 change 0.5", ("ToDo 2 average", "ToDo 2")),
     Finding("the default scope costs less than the widest", "x0 change 0.5", ("ToMe 0.5", "ToMe 0.5 widest scope")),
+    Finding("the attention scope costs less than the block scope", "x0 change 0.5", ("ToMe 0.5", "ToMe 0.5 block")),
 )
 
 
 def finding_cell(finding: Finding, rows: dict[str, dict]) -> str | None:
     """The figures of ``finding``'s settings in one layout's ``rows`` (by setting), and whether the claim holds
-    there; None where the layout lacks one of the settings."""
+    there; None where the layout lacks one of the settings or one of them did nothing there."""
     if not all(name in rows for name in finding.settings):
         return None
+    if any(rows[name]["x0 change 0.5"]["mean"] == 0 for name in finding.settings):
+        return None  # a setting that changes nothing on this judge (the block scope's skips reach every block)
     values = [rows[name][finding.metric]["mean"] for name in finding.settings]
     digits = 2 if finding.higher_is_better else 3
     holds = all((a > b) if finding.higher_is_better else (a < b) for a, b in itertools.pairwise(values))
@@ -465,7 +477,8 @@ def findings_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-PICTURE_SETTINGS = ("ToMe 0.5", "ToDo 2", "core TomePatchModel 0.5", "prune 0.5")
+# Each node's main setting: Apply ToMe 0.5, Apply ToDo 2 with each method its auto picks, the core node.
+PICTURE_SETTINGS = ("ToMe 0.5", "ToDo 2", "ToDo 2 average", "core TomePatchModel 0.5")
 DIFFERENCE_GAIN = 8  # the difference maps: |setting - no patch| per pixel, times this
 
 
@@ -524,7 +537,7 @@ def picture(pack, path: Path, layouts: list[tm.Layout], names=PICTURE_SETTINGS, 
             array = (frame(image).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
             sheet.paste(Image.fromarray(array).resize((tile, tile), Image.LANCZOS), (margin + col * tile, y))
             draw.text((margin + col * tile + 4, y + tile), text, fill="black")
-    sheet.save(path)
+    sheet.quantize(colors=256).save(path, optimize=True)  # a third of the size; the README shows it
 
 
 @torch.inference_mode()  # as ComfyUI runs a prompt
@@ -544,9 +557,14 @@ def main(argv=None) -> int:
                         help="instead: how much of the tokens' variance merging half of them and unmerging loses")
     parser.add_argument("--findings", type=Path, nargs="+", metavar="JSON",
                         help="instead: the findings table from these runs' rows (both generations side by side)")
+    parser.add_argument("--tables", type=Path, nargs="+", metavar="JSON",
+                        help="instead: the tables of every setting from these runs' rows (one per judge)")
     args = parser.parse_args(argv)
     if args.findings:
         print(findings_table([row for path in args.findings for row in json.loads(path.read_text())]))
+        return 0
+    if args.tables:
+        print(markdown([row for path in args.tables for row in json.loads(path.read_text())]))
         return 0
     nodes = comfyui_host.boot_in_process(Path(tempfile.mkdtemp()) / "custom_nodes", attention="sdpa")
 

@@ -52,7 +52,9 @@ def test_the_real_footprint_maps_each_8x8_patch_to_a_latent_pixel_and_keeps_the_
     torch.testing.assert_close(patch_map.encode(patch_map.decode(image)), image, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", TRAINED)
+# The judges of the real footprint take seconds each (4096 tokens a block): the full run (CI) checks them.
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in REAL_FOOTPRINT else name
+                                  for name in TRAINED])
 def test_each_trained_model_loads_into_comfyuis_class_and_beats_its_untrained_twin(comfy_nodes, name):
     layout = tm.LAYOUTS[name]
     model = tm.trained(layout)
@@ -136,14 +138,22 @@ def test_the_quality_bench_smoke_run_measures_every_setting(tmp_path):
     bench = load_bench("quality_bench")
     expected = sum(1 for name in TRAINED for s in bench.settings() if s.applies_to(tm.LAYOUTS[name]))
     assert len(rows) == expected
-    # The block scope's default leaves the first and last 2 blocks whole: nothing on a model of 4 blocks or fewer.
+    # The block scope leaves the first and last few blocks whole (2 and 2 by default, none with "all blocks",
+    # "skip F:L" names them): nothing on a model of that many blocks or fewer.
     blocks = {name: sum(type(m).__name__ in bench.BLOCK_IMAGE
                         for m in tm.untrained(tm.LAYOUTS[name]).model.diffusion_model.modules()) for name in TRAINED}
+
+    def skipped(setting):
+        if "all blocks" in setting:
+            return 0
+        first, _, last = setting.partition("skip ")[2].partition(":")
+        return int(first) + int(last) if last else 4
+
     for row in rows:
         assert row["x0 error 0.5"]["mean"] > 0
         # Every setting moves the prediction but no patch, the core node on SDXL, where it merges nothing, and the
-        # block scope's default where it leaves no block.
-        idle_blocks = " block" in row["setting"] and "all blocks" not in row["setting"] and blocks[row["layout"]] <= 4
+        # block scope where its skips leave no block.
+        idle_blocks = " block" in row["setting"] and blocks[row["layout"]] <= skipped(row["setting"])
         acts = row["setting"] != "none" and not idle_blocks and not (
             row["setting"].startswith("core") and tm.LAYOUTS[row["layout"]].config_class == "SDXL")
         assert (row["x0 change 0.5"]["mean"] > 0) == acts, row["layout"] + ": " + row["setting"]
@@ -165,3 +175,24 @@ def test_the_findings_table_sets_each_claim_on_both_generations_side_by_side():
     assert todo == ["| ToDo average costs less than nearest | x0 change 0.5: ToDo 2 average / ToDo 2 | Flux | "
                     "0.100 / 0.700 holds | 0.300 / 0.200 **fails** |"]
     assert len(table) == 3  # the header, its rule and the one finding these rows hold
+
+
+# The one node input whose choices do the same work, so that the cheaper in quality is the only choice that is
+# never the dearest: Apply ToDo's method (the other inputs trade quality for speed: ratio, merge, scope, window).
+# The bench row measuring each choice:
+TODO_METHOD_ROWS = {"nearest": "ToDo 2", "average": "ToDo 2 average"}
+FAMILY_OF_CONFIG = {"SD15": None, "SDXL": None, "SD3": "sd3", "Flux": "flux", "WAN21_T2V": "wan"}
+
+
+def test_no_node_default_is_its_dearest_measured_choice_on_a_trained_family(pack):
+    """On each trained family's judge (the real footprint's where its rows are committed in
+    ``bench/records/quality``, else the small one's), the method Apply ToDo's default (``auto``) picks for the
+    family moves the x0 prediction at half the schedule no further than the other."""
+    rows = {(row["layout"], row["setting"]): row["x0 change 0.5"]["mean"]
+            for path in sorted((ROOT / "bench" / "records" / "quality").glob("*.json"))
+            for row in json.loads(path.read_text())}
+    for small, real in zip(tm.GENERATIONS["small"], REAL_FOOTPRINT, strict=True):
+        judge = real if (real, "ToDo 2") in rows else small
+        picked = pack.models.todo_method("auto", FAMILY_OF_CONFIG[tm.LAYOUTS[judge].config_class])
+        costs = {method: rows[judge, setting] for method, setting in TODO_METHOD_ROWS.items()}
+        assert costs[picked] == min(costs.values()), (judge, costs)
