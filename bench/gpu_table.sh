@@ -58,6 +58,22 @@ if [ "$smoke" = 0 ]; then video_common+=(--dtype bf16); block_common+=(--dtype b
 common=(--dtype fp16 --attention sdpa --variants core ours-qkv fast --todo 2 --memory in-process
         --repeats "$repeats" --out "$out" "${narrow[@]}")
 
+# bench/dit_bench.py once per model spec: dit_rows PREFIX SPECS OPTIONS TABLES (the names of arrays: the specs,
+# each a string of options, and the options they share; the table folders $out/PREFIX_<index> are appended to
+# TABLES, each command to commands).
+dit_rows() {
+    local prefix=$1 index spec
+    local -n specs=$2 options=$3 tables=$4
+    for index in "${!specs[@]}"; do
+        read -r -a spec <<< "${specs[$index]}"
+        command=("$PYTHON" bench/dit_bench.py "${spec[@]}" "${options[@]}" --out "$out/${prefix}_$index")
+        echo "+ ${command[*]}" >&2
+        "${command[@]}" > /dev/null
+        commands+=("${command[*]}")
+        tables+=("$out/${prefix}_$index")
+    done
+}
+
 mkdir -p "$out"
 commands=()
 video_tables=()
@@ -70,25 +86,11 @@ if [ "$block_only" = 0 ]; then
         commands+=("${command[*]}")
     done
 
-    for index in "${!videos[@]}"; do
-        read -r -a video <<< "${videos[$index]}"
-        command=("$PYTHON" bench/dit_bench.py "${video[@]}" "${video_common[@]}" --out "$out/video_$index")
-        echo "+ ${command[*]}" >&2
-        "${command[@]}" > /dev/null
-        commands+=("${command[*]}")
-        video_tables+=("$out/video_$index")
-    done
+    dit_rows video videos video_common video_tables
 fi
 
 block_tables=()
-for index in "${!blocks[@]}"; do
-    read -r -a block <<< "${blocks[$index]}"
-    command=("$PYTHON" bench/dit_bench.py "${block[@]}" "${block_common[@]}" --out "$out/block_$index")
-    echo "+ ${command[*]}" >&2
-    "${command[@]}" > /dev/null
-    commands+=("${command[*]}")
-    block_tables+=("$out/block_$index")
-done
+dit_rows block blocks block_common block_tables
 
 counts=("$PYTHON" bench/host_reads_bench.py --models "${count_models[@]}" --out "$out")
 if [ "$block_only" = 0 ]; then
