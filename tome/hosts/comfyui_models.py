@@ -35,10 +35,11 @@ from .dit_families import (
 log = logging.getLogger(__name__)
 
 # Apply ToDo's method "auto": per family, the pooling the quality bench measured cheaper on that family's
-# trained judge, by the x0 change at half the schedule (docs/QUALITY.md, "ToDo's method"). Nearest and average
-# cost the same time, so the cheaper in quality is the only choice that is never the dearest. A family without a
-# judge gets average, the choice whose measured worst case is mildest: nearest costs Flux four times what average
-# does, average costs Wan at most 1.7 times what nearest does. ``None``: the U-Nets.
+# trained judge, by the x0 change at half the schedule (docs/QUALITY.md, "What the footprint and depth
+# changed"). Nearest and average cost the same time, so the cheaper in quality is the only choice that is never
+# the dearest. A family without a judge gets average, the choice whose measured worst case is mildest: nearest
+# costs Flux four times what average does, average costs Wan at most 1.7 times what nearest does. ``None``: the
+# U-Nets.
 AUTO = "auto"
 METHOD_CHOICES = (AUTO, *METHODS)
 AUTO_METHODS = (
@@ -106,9 +107,9 @@ def apply_todo(model, *, downsample_factor: int, max_downsample: str = "auto", m
     """Apply ToDo's inputs to ``model``, a U-Net or a DiT; returns the patched clone (or ``model``). ``method``
     ``auto`` picks the family's (``AUTO_METHOD``)."""
     family = comfyui_dit.dit_family(model)
-    if method == AUTO:
-        log.info("Apply ToDo: method auto is %s on %s", AUTO_METHOD[family], family or "a U-Net")
-    method = todo_method(method, family)
+    chosen, method = method, todo_method(method, family)
+    if chosen == AUTO:
+        log.info("Apply ToDo: method auto is %s on %s", method, family or "a U-Net")
     if family is None:
         warn_ignored("Apply ToDo", model, {"time_factor": (time_factor, 1),
                                            **dit_inputs(dit_scope, skip_first_blocks, skip_last_blocks)})
