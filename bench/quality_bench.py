@@ -20,7 +20,8 @@ On the held-out photographs (``tome_harness.photos.HELD_OUT``), for each setting
   unpatched model's error (0: no change): what the setting does to the model, free of that luck;
 - (b) img2img: denoise 0.5 of 20 euler steps from each photograph: PSNR and SSIM against the unpatched
   output, PSNR against the photograph;
-- (c) from noise: 20 euler steps from pure noise, fixed seeds: PSNR against the unpatched sample.
+- (c) from noise: 20 euler steps from pure noise, fixed seeds: PSNR against the unpatched sample, and the
+  transformer block calls that ran (a step cache such as core EasyCache skips whole model calls).
 
 Every figure is a mean with its standard deviation over photographs and seeds. Pruning (``reduce=PRUNE``)
 drops the very tokens ToMe would merge: merging's gain over it is what averaging buys. On DiTs, the "plain
@@ -88,9 +89,20 @@ def core(ratio: float) -> Callable:
         model, ratio=ratio).result[0]
 
 
+def easycache(then: Callable | None = None) -> Callable:
+    """ComfyUI's core EasyCache with its defaults, on top of ``then`` (a pack setting) where given: it skips
+    whole model calls, which only the runs of several steps show ("sample block calls")."""
+    def patch(pack, model, layout):
+        patched = then(pack, model, layout) if then else model
+        return pack.nodes_module.NODE_CLASS_MAPPINGS["EasyCache"].execute(
+            patched, reuse_threshold=0.2, start_percent=0.15, end_percent=0.95, verbose=False).result[0]
+    return patch
+
+
 def settings() -> list[Setting]:
     from tome.downsample import AVERAGE
     from tome.hosts.comfyui_dit import SCOPE_BLOCK
+    from tome.hosts.comfyui_models import AUTO
     from tome.hosts.comfyui_unet import MERGE_KV, MERGE_Q, SCOPE_ALL, SCOPE_CROSS
     from tome.merge import PRUNE
 
@@ -140,6 +152,9 @@ def settings() -> list[Setting]:
         Setting("prune 0.5 block", tome(0.5, dit_scope=SCOPE_BLOCK, reduce=PRUNE), dit_only=True),
         Setting("ToDo 2 block", todo(2, dit_scope=SCOPE_BLOCK), dit_only=True),
         Setting("ToDo 2 average block", todo(2, method=AVERAGE, dit_scope=SCOPE_BLOCK), dit_only=True),
+        # A step cache alone and stacked with the README's DiT setting, for the DiT frontier pictures.
+        Setting("EasyCache", easycache(), dit_only=True),
+        Setting("EasyCache + ToDo 2 auto", easycache(todo(2, method=AUTO)), dit_only=True),
     ]
 
 
@@ -239,9 +254,17 @@ def outputs(model, layout: tm.Layout, run: Run) -> dict[str, torch.Tensor]:
         out[f"img2img {seed}"] = to_pixels(model, sample(model, layout, run.photos, seed, run.steps, DENOISE), layout)
     empty = torch.zeros((len(run.sample_seeds), *run.photos.shape[1:]))
     noise = torch.cat([noise_like(empty[:1], seed) for seed in run.sample_seeds])  # one batch, a seed each
-    samples = to_pixels(model, sample(model, layout, empty, noise, run.steps, 1.0), layout)
+    calls = []  # the transformer block calls that ran: a step cache skips whole model calls, every block of them
+    counting = [module.register_forward_pre_hook(lambda *_: calls.append(1))
+                for module in model.model.diffusion_model.modules() if type(module).__name__ in BLOCK_IMAGE]
+    try:
+        samples = to_pixels(model, sample(model, layout, empty, noise, run.steps, 1.0), layout)
+    finally:
+        for handle in counting:
+            handle.remove()
     for index, seed in enumerate(run.sample_seeds):
         out[f"sample {seed}"] = samples[index:index + 1]
+    out["sample block calls"] = len(calls)
     return out
 
 
@@ -263,6 +286,7 @@ def measures(run: Run, got: dict, reference: dict, photographs: torch.Tensor) ->
     row["img2img SSIM"] = spread([ssim(a, b) for a, b, _ in pairs])
     row["img2img PSNR to photo"] = spread([psnr(a, p) for a, _, p in pairs])
     row["sample PSNR"] = spread([psnr(got[f"sample {s}"][0], reference[f"sample {s}"][0]) for s in run.sample_seeds])
+    row["sample block calls"] = {"ran": got["sample block calls"], "unpatched": reference["sample block calls"]}
     return row
 
 
@@ -388,6 +412,17 @@ def token_redundancy(layout: tm.Layout, ratio: float = 0.5) -> dict[str, float]:
             "pixel patches": lost(tokens_of(pixels * 2 - 1, patch * layout.pixel_factor))}
 
 
+def merged(rows: list[dict], later: list[dict]) -> list[dict]:
+    """``rows`` completed by ``later`` ones (a row of the same judge and setting replaced), each judge's rows in
+    the order of ``settings()``; the judges in the order they first appear. The unpatched reference is
+    recomputed by every run, identically: a later ``none`` row replaces the earlier."""
+    by_key = {(row["layout"], row["setting"]): row for row in rows + later}
+    order = {setting.name: index for index, setting in enumerate(settings())}
+    layouts = list(dict.fromkeys(row["layout"] for row in rows + later))
+    return sorted(by_key.values(),
+                  key=lambda row: (layouts.index(row["layout"]), order.get(row["setting"], len(order))))
+
+
 # Reports.
 
 def cell(figure: dict, digits: int) -> str:
@@ -403,7 +438,10 @@ def markdown(rows: list[dict], percents=tm.EVAL_PERCENTS) -> str:
     for name in dict.fromkeys(r["layout"] for r in rows):
         out += [f"**{name}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in (r for r in rows if r["layout"] == name):
-            cells = [r["setting"]] + [cell(r[f"x0 error {p}"], 2) for p in percents]
+            calls = r.get("sample block calls", {})  # rows of runs before it was counted lack it
+            skipped = f" ({calls['ran'] / calls['unpatched']:.0%} of the block calls)" if calls.get(
+                "ran") != calls.get("unpatched") else ""
+            cells = [r["setting"] + skipped] + [cell(r[f"x0 error {p}"], 2) for p in percents]
             cells += [cell(r[f"x0 change {p}"], 3) for p in percents]
             cells += [cell(r["img2img PSNR"], 1) if r["setting"] != "none" else "-",
                       cell(r["img2img SSIM"], 3) if r["setting"] != "none" else "-",
@@ -548,6 +586,9 @@ def main(argv=None) -> int:
     parser.add_argument("--setting", action="append", help="a setting by name (repeatable; default: all)")
     parser.add_argument("--smoke", action="store_true", help="one photograph, one seed, one noise level, 2 steps")
     parser.add_argument("--out", type=Path, help="write the JSON rows here")
+    parser.add_argument("--into", type=Path, metavar="JSON",
+                        help="merge the rows into this run's rows instead (a committed record completed by a "
+                             "later run of some settings: a row of the same judge and setting is replaced)")
     parser.add_argument("--picture", type=Path, help="also draw the README's picture here (PNG)")
     parser.add_argument("--locality", action="store_true",
                         help="instead: how local each DiT's image self-attention is (what ToDo nearest costs)")
@@ -605,9 +646,11 @@ def main(argv=None) -> int:
                   percents=(0.5,) if args.smoke else tm.EVAL_PERCENTS)
         rows += bench_layout(Pack, layout, run, pixels, [s for s in chosen if s.applies_to(layout)])
     print(markdown(rows, (0.5,) if args.smoke else tm.EVAL_PERCENTS))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    if args.into:
+        rows = merged(json.loads(args.into.read_text()), rows)
+    for path in (p for p in (args.out, args.into) if p):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(rows, indent=1) + "\n")
     if args.picture:
         picture(Pack, args.picture, layouts)
     return 0

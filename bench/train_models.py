@@ -179,9 +179,12 @@ def main(argv=None) -> int:
         return 1 if problems else 0
     for name in names:
         layout = tm.LAYOUTS[name]
-        records[name] = train(layout if args.steps is None else dataclasses.replace(layout, steps=args.steps))
+        record = train(layout if args.steps is None else dataclasses.replace(layout, steps=args.steps))
+        # Read again: a training of another layout may have written its record meanwhile.
+        records = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+        records[name] = record
         RECORD.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
-        print(json.dumps({name: records[name]["held_out"]}, indent=1), flush=True)
+        print(json.dumps({name: record["held_out"]}, indent=1), flush=True)
     return 0
 
 

@@ -129,7 +129,7 @@ def test_the_trained_flux_attends_locally_and_sd35_and_wan_do_not(comfy_nodes):
 
 
 @pytest.mark.slow
-def test_the_quality_bench_smoke_run_measures_every_setting(tmp_path):
+def test_the_quality_bench_smoke_run_measures_every_setting(comfy_nodes, tmp_path):
     out = tmp_path / "quality.json"
     layouts = [arg for name in TRAINED for arg in ("--layout", name)]
     subprocess.run([sys.executable, str(ROOT / "bench" / "quality_bench.py"), "--smoke", "--out", str(out), *layouts],
@@ -151,10 +151,13 @@ def test_the_quality_bench_smoke_run_measures_every_setting(tmp_path):
 
     for row in rows:
         assert row["x0 error 0.5"]["mean"] > 0
-        # Every setting moves the prediction but no patch, the core node on SDXL, where it merges nothing, and the
-        # block scope where its skips leave no block.
+        # Every transformer block ran once a step (cfg 1: one model call a step); two steps are too few for the
+        # step cache to skip one.
+        assert row["sample block calls"] == {"ran": 2 * blocks[row["layout"]], "unpatched": 2 * blocks[row["layout"]]}
+        # Every setting moves the prediction but no patch, the core node on SDXL, where it merges nothing, the
+        # block scope where its skips leave no block, and a step cache alone (it never skips a first call).
         idle_blocks = " block" in row["setting"] and blocks[row["layout"]] <= skipped(row["setting"])
-        acts = row["setting"] != "none" and not idle_blocks and not (
+        acts = row["setting"] not in ("none", "EasyCache") and not idle_blocks and not (
             row["setting"].startswith("core") and tm.LAYOUTS[row["layout"]].config_class == "SDXL")
         assert (row["x0 change 0.5"]["mean"] > 0) == acts, row["layout"] + ": " + row["setting"]
     none = [r for r in rows if r["setting"] == "none"]
@@ -177,6 +180,19 @@ def test_the_findings_table_sets_each_claim_on_both_generations_side_by_side():
     assert len(table) == 3  # the header, its rule and the one finding these rows hold
 
 
+def test_a_later_run_of_some_settings_completes_a_record_in_the_benchs_order(comfy_nodes):
+    bench = load_bench("quality_bench")
+
+    def row(layout, setting, change):
+        return {"layout": layout, "setting": setting, "x0 change 0.5": {"mean": change, "std": 0.0}}
+
+    record = [row("a", "none", 0.0), row("a", "ToMe 0.5", 0.2), row("b", "none", 0.0), row("b", "ToDo 2", 0.1)]
+    later = [row("a", "none", 0.0), row("a", "ToMe 0.3", 0.1), row("b", "ToDo 2", 0.3), row("c", "none", 0.0)]
+    merged = [(r["layout"], r["setting"], r["x0 change 0.5"]["mean"]) for r in bench.merged(record, later)]
+    assert merged == [("a", "none", 0.0), ("a", "ToMe 0.3", 0.1), ("a", "ToMe 0.5", 0.2), ("b", "none", 0.0),
+                      ("b", "ToDo 2", 0.3), ("c", "none", 0.0)]
+
+
 # The one node input whose choices do the same work, so that the cheaper in quality is the only choice that is
 # never the dearest: Apply ToDo's method (the other inputs trade quality for speed: ratio, merge, scope, window).
 # The bench row measuring each choice:
@@ -196,3 +212,39 @@ def test_no_node_default_is_its_dearest_measured_choice_on_a_trained_family(pack
         picked = pack.models.todo_method("auto", FAMILY_OF_CONFIG[tm.LAYOUTS[judge].config_class])
         costs = {method: rows[judge, setting] for method, setting in TODO_METHOD_ROWS.items()}
         assert costs[picked] == min(costs.values()), (judge, costs)
+
+
+def test_every_frontier_point_names_a_committed_speed_row_and_a_quality_bench_setting(comfy_nodes):
+    """``bench/frontier.py`` draws from committed rows only: each point it places must name a variant the speed
+    records hold and a setting the quality bench runs on a DiT, and each family's recommended setting is placed."""
+    frontier, bench = load_bench("frontier"), load_bench("quality_bench")
+    speeds, costs = frontier.speed_rows(), frontier.quality_rows()
+    dit_settings = {s.name for s in bench.settings() if s.applies_to(tm.LAYOUTS["flux-512"])}
+    assert {frontier.CACHE_ALONE, frontier.CACHE_STACKED} <= dit_settings
+    for family in frontier.FAMILIES:
+        for point in family.points:
+            assert (point.model, point.variant) in speeds, (family.name, point)
+            assert point.setting in dit_settings, (family.name, point.setting)
+        placed = {p.setting: p for p in frontier.place(family, speeds, costs)}
+        assert placed[family.recommended].recommended
+
+
+def test_a_block_setting_is_timed_over_the_share_of_blocks_it_reduced_on_its_judge():
+    """Every block reduced: the every-block speed-up itself; the default skips (2 and 2) on the 9-block Flux
+    judge reduce 5: 1 / (4/9 + 5/9 / s); a run's speed-up multiplies a forward's by the block calls a step cache
+    left out."""
+    frontier = load_bench("frontier")
+    speeds = {("m", "v"): [2.0, 3.0]}  # two timed runs: their mean, 2.5
+    every = frontier.Point("ToMe 0.5 block, all blocks", "m", "v", (0, 0))
+    default = frontier.Point("ToMe 0.5 block", "m", "v", frontier.DEFAULT_SKIPS)
+    assert frontier.judge_blocks("flux-512") == 9
+    assert frontier.forward_speed(every, speeds, 9) == pytest.approx(2.5)
+    assert frontier.forward_speed(default, speeds, 9) == pytest.approx(1 / (4 / 9 + 5 / 9 / 2.5))
+    family = frontier.Family("F", "flux-512", "ToMe 0.5 block, all blocks", (every,))
+    row = {"x0 change 0.5": {"mean": 0.1}, "sample PSNR": {"mean": 30.0}}
+    costs = {("flux-512", every.setting): row,
+             ("flux-512", frontier.CACHE_STACKED): dict(row, **{"sample block calls": {"ran": 90, "unpatched": 180}})}
+    placed = {p.setting: p for p in frontier.place(family, speeds, costs)}
+    assert placed[every.setting].run == pytest.approx(2.5)
+    assert placed[frontier.CACHE_STACKED].run == pytest.approx(5.0)
+    assert frontier.fast_choice(list(placed.values())).setting == every.setting  # a cache row is never the fast one
