@@ -429,6 +429,11 @@ def cell(figure: dict, digits: int) -> str:
     return f"{figure['mean']:.{digits}f} ± {figure['std']:.{digits}f}"
 
 
+def change_digits(changes: list[float]) -> int:
+    """Three decimals for x0 changes, five where every one is under 0.01 (a judge that barely moves)."""
+    return 3 if max(changes, default=0) >= 0.01 else 5
+
+
 def markdown(rows: list[dict], percents=tm.EVAL_PERCENTS) -> str:
     """One table per layout."""
     head = (["setting"] + [f"x0 error at {round(p * 100)}%" for p in percents]
@@ -437,12 +442,13 @@ def markdown(rows: list[dict], percents=tm.EVAL_PERCENTS) -> str:
     out = []
     for name in dict.fromkeys(r["layout"] for r in rows):
         out += [f"**{name}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        digits = change_digits([r[f"x0 change {p}"]["mean"] for r in rows if r["layout"] == name for p in percents])
         for r in (r for r in rows if r["layout"] == name):
             calls = r.get("sample block calls", {})  # rows of runs before it was counted lack it
             skipped = f" ({calls['ran'] / calls['unpatched']:.0%} of the block calls)" if calls.get(
                 "ran") != calls.get("unpatched") else ""
             cells = [r["setting"] + skipped] + [cell(r[f"x0 error {p}"], 2) for p in percents]
-            cells += [cell(r[f"x0 change {p}"], 3) for p in percents]
+            cells += [cell(r[f"x0 change {p}"], digits) for p in percents]
             cells += [cell(r["img2img PSNR"], 1) if r["setting"] != "none" else "-",
                       cell(r["img2img SSIM"], 3) if r["setting"] != "none" else "-",
                       cell(r["img2img PSNR to photo"], 1),
@@ -490,7 +496,7 @@ def finding_cell(finding: Finding, rows: dict[str, dict]) -> str | None:
     if any(rows[name]["x0 change 0.5"]["mean"] == 0 for name in finding.settings):
         return None  # a setting that changes nothing on this judge (the block scope's skips reach every block)
     values = [rows[name][finding.metric]["mean"] for name in finding.settings]
-    digits = 2 if finding.higher_is_better else 3
+    digits = 2 if finding.higher_is_better else change_digits(values)
     holds = all((a > b) if finding.higher_is_better else (a < b) for a, b in itertools.pairwise(values))
     return " / ".join(f"{v:.{digits}f}" for v in values) + (" holds" if holds else " **fails**")
 

@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 # Apply ToDo's method "auto": per family, the pooling the quality bench measured cheaper on that family's
 # trained judge, by the x0 change at half the schedule (docs/QUALITY.md, "What the footprint and depth
 # changed"). Nearest and average cost the same time, so the cheaper in quality is the only choice that is never
-# the dearest. A family without a judge gets average, the choice whose measured worst case is mildest: nearest
-# costs Flux four times what average does, average costs Wan at most 1.7 times what nearest does. ``None``: the
+# the dearest. A family without a judge gets average, the choice whose measured worst case on a DiT is mildest:
+# nearest costs Flux four times what average does, average costs Wan 2.2 times what nearest does. ``None``: the
 # U-Nets.
 AUTO = "auto"
 METHOD_CHOICES = (AUTO, *METHODS)
