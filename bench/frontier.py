@@ -149,6 +149,7 @@ class Placed:
     sample_psnr: float
     estimated: bool  # a block setting's speed taken over its share of blocks
     recommended: bool
+    step_cache: bool = False  # changes no single prediction: the rule and the x0 panel leave it out
 
 
 def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
@@ -160,29 +161,30 @@ def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
         calls = row.get("sample block calls")
         return calls["unpatched"] / calls["ran"] if calls else 1.0
 
+    def add(setting: str, row: dict, forward: float, **marks) -> None:
+        placed.append(Placed(setting, forward, forward * calls_saved(row), row["x0 change 0.5"]["mean"],
+                             row["sample PSNR"]["mean"], **marks))
+
     by_setting = {point.setting: point for point in family.points}
     for point in family.points:
         row = costs.get((family.judge, point.setting))
         if row is None or (point.model, point.variant) not in speeds:
             continue
-        forward = forward_speed(point, speeds, blocks)
-        placed.append(Placed(point.setting, forward, forward * calls_saved(row), row["x0 change 0.5"]["mean"],
-                             row["sample PSNR"]["mean"], point.skips not in (None, (0, 0)),
-                             point.setting == family.recommended))
+        add(point.setting, row, forward_speed(point, speeds, blocks), estimated=point.skips not in (None, (0, 0)),
+            recommended=point.setting == family.recommended)
     for setting, under in ((CACHE_ALONE, None), (CACHE_STACKED, family.recommended)):
         row = costs.get((family.judge, setting))
         if row is None or (under is not None and under not in by_setting):
             continue
         forward = 1.0 if under is None else forward_speed(by_setting[under], speeds, blocks)
-        placed.append(Placed(setting, forward, forward * calls_saved(row), row["x0 change 0.5"]["mean"],
-                             row["sample PSNR"]["mean"], False, False))
+        add(setting, row, forward, estimated=False, recommended=False, step_cache=True)
     return placed
 
 
 def fast_choice(placed: list[Placed]) -> Placed | None:
     """The README's rule on these points: the fastest forward whose x0 change is at most ``FAST_RULE`` (step
     caches aside: they change no single prediction)."""
-    eligible = [p for p in placed if not p.setting.startswith(CACHE_ALONE) and p.x0_change <= FAST_RULE]
+    eligible = [p for p in placed if not p.step_cache and p.x0_change <= FAST_RULE]
     return max(eligible, key=lambda p: p.forward, default=None)
 
 
@@ -212,9 +214,9 @@ def draw(family: Family, placed: list[Placed], path: Path) -> None:
                "speed-up of a 20-step run"))
     for axis, x_of, y_of, x_label, y_label in panels:
         for p in placed:
-            if axis is left and p.setting.startswith(CACHE_ALONE):
+            if axis is left and p.step_cache:
                 continue  # a step cache changes no single prediction: only the run's panel places it
-            colour = "tab:red" if p.setting.startswith(CACHE_ALONE) else (
+            colour = "tab:red" if p.step_cache else (
                 "tab:blue" if " block" in p.setting else "tab:green")
             axis.scatter(x_of(p), y_of(p), s=140 if p.recommended else 40, marker="*" if p.recommended else "o",
                          facecolors="none" if p.estimated else colour, edgecolors=colour, zorder=3)
