@@ -5,8 +5,9 @@ The model is compiled as ComfyUI's ``TorchCompileModel`` of late 2026 does it
 ``set_torch_compile_wrapper``, guards on ``transformer_options`` dropped). Every
 compiled variant starts from an empty dynamo cache, so its first forward
 (reported as "compile s": tracing, code generation and the run) and its count of
-compiled graphs are its own; then ``--repeats`` forwards of each variant, the
-uncompiled ones round-robin, the minimum reported. Our patches run outside the
+compiled graphs are its own, and so are its ``--repeats`` timed forwards after the
+second call (the cache holds its graphs alone); then the uncompiled variants
+round-robin; the minimum reported. Our patches run outside the
 compiled graphs (``tome.hosts.comfyui.eager``): each patched block splits the
 graph, and the "graphs" column counts what that costs.
 
@@ -17,13 +18,17 @@ memory at every call, which dynamo cannot trace (a graph break per attention cal
 
     .venv/bin/python bench/compile_bench.py --model sd15 --px 1024 --attention sdpa
     .venv/bin/python bench/compile_bench.py --model sd35m --blocks 4 --attention sdpa
+    .venv/bin/python bench/compile_bench.py --model sd35m --blocks 4 --attention sdpa --block-scope
+
+``--block-scope`` (sd35m): also ToMe and ToDo at ``dit_scope`` ``block`` on every block. The block scope's
+replacement runs outside the compiled graph as the override does, so the blocks it reduces run uncompiled: its
+rows say what that costs against the compiled model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -31,7 +36,7 @@ from pathlib import Path
 import torch
 
 from tome_harness import comfyui as comfyui_host
-from tome_harness import newest_host
+from tome_harness import machine, newest_host
 from tome_harness.comfyui import ATTENTION_CHOICES, ROOT
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -72,6 +77,10 @@ def dit_case(args, device):
     dit = comfyui_host.pack_module("tome.hosts.comfyui_dit")
     variants = {"none": model, f"tome-{args.ratio}": dit.apply_tome_dit(model, ratio=args.ratio),
                 f"todo-{args.todo}": dit.apply_todo_dit(model, downsample_factor=args.todo)}
+    if args.block_scope:
+        every_block = dict(dit_scope=dit.SCOPE_BLOCK, skip_first_blocks=0, skip_last_blocks=0)
+        variants[f"tome-{args.ratio}-block"] = dit.apply_tome_dit(model, ratio=args.ratio, **every_block)
+        variants[f"todo-{args.todo}-block"] = dit.apply_todo_dit(model, downsample_factor=args.todo, **every_block)
     return variants, lambda m: dit_bench.forward(m, inputs, device)
 
 
@@ -87,25 +96,34 @@ def run(args) -> list[dict]:
 
     variants, forward = (unet_case if args.model == "sd15" else dit_case)(args, device)
     rows = {name: {"model": args.model, "variant": name} for name in variants}
-    compiled = {}
+    times = {(name, kind): [] for name in variants for kind in ("eager", "compiled")}
+
+    def timed(name, kind, model):
+        start = time.perf_counter()
+        forward(model)
+        times[name, kind].append(time.perf_counter() - start)
+
+    # Each compiled variant is timed while the dynamo cache holds its graphs alone: every variant compiles the
+    # same diffusion model's code, whose cache they would share, and without the guards on transformer_options
+    # a round-robin timed some variants on graphs another variant left (an SD3.5 run with the block scope's
+    # variants read compiled ToMe and ToDo at the compiled model's own speed).
     for name, model in variants.items():
         torch._dynamo.reset()
-        compiled[name] = newest_host.compile_like_newest(model, args.backend)
+        compiled = newest_host.compile_like_newest(model, args.backend)
         start = time.perf_counter()
-        forward(compiled[name])
+        forward(compiled)
         rows[name]["compile s"] = time.perf_counter() - start
         rows[name]["graphs"] = compiled_graphs()
-        forward(compiled[name])  # a second call must reuse what the first compiled
+        forward(compiled)  # a second call must reuse what the first compiled
         rows[name]["recompiled graphs"] = compiled_graphs() - rows[name]["graphs"]
+        for _ in range(args.repeats):
+            timed(name, "compiled", compiled)
+    torch._dynamo.reset()
     for model in variants.values():
         forward(model)  # warm-up
-    times = {(name, kind): [] for name in variants for kind in ("eager", "compiled")}
     for _ in range(args.repeats):
-        for name in variants:
-            for kind, model in (("eager", variants[name]), ("compiled", compiled[name])):
-                start = time.perf_counter()
-                forward(model)
-                times[name, kind].append(time.perf_counter() - start)
+        for name, model in variants.items():
+            timed(name, "eager", model)
     none_eager, none_compiled = min(times["none", "eager"]), min(times["none", "compiled"])
     for name, row in rows.items():
         eager, compiled_s = min(times[name, "eager"]), min(times[name, "compiled"])
@@ -135,17 +153,20 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=4, help="sd35m: how many of its 24 joint blocks")
     parser.add_argument("--ratio", type=float, default=0.5, help="Apply ToMe's ratio")
     parser.add_argument("--todo", type=int, default=2, help="Apply ToDo's downsample_factor")
+    parser.add_argument("--block-scope", action="store_true",
+                        help="sd35m: also ToMe and ToDo at dit_scope block, every block reduced")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend")
     parser.add_argument("--attention", choices=ATTENTION_CHOICES, help="ComfyUI's attention (default: the device's)")
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
+    if args.block_scope and args.model != "sd35m":
+        parser.error("--block-scope is a DiT scope: it takes --model sd35m")
     rows = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"compile_{args.model}_{args.attention or 'default'}"
-    (args.out / f"{stem}.json").write_text(json.dumps({"machine": platform.processor() or platform.machine(),
-                                                       "torch": torch.__version__, "args": vars(args) | {
+    stem = f"compile_{args.model}{'_block' if args.block_scope else ''}_{args.attention or 'default'}"
+    (args.out / f"{stem}.json").write_text(json.dumps({"machine": machine.describe(), "args": vars(args) | {
                                                            "out": str(args.out)}, "rows": rows}, indent=2))
     table = markdown(rows)
     (args.out / f"{stem}.md").write_text(table + "\n")

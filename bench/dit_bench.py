@@ -54,7 +54,7 @@ Those are the rows of ``--scope attention`` (the default: ``dit_scope`` ``attent
 ``--scope block`` (issue 33; with ``--scope attention block`` beside the rows above): ``dit_scope`` ``block``,
 the whole block (projections, attention, MLP) on the reduced image tokens, for Flux, SD3.5, Wan and Qwen-Image
 (``tome/hosts/comfyui_dit_block.py``; other models get no block rows). For each pair ``F:L`` of ``--skips``
-(default ``0:0`` and the nodes' provisional default ``2:2``: the first F and last L blocks run whole):
+(default ``0:0`` and the nodes' default ``2:2``: the first F and last L blocks run whole):
 ``tome-R-block-skipF-L`` (Apply ToMe ratio R of ``--ratio``) and ``todo-D-block-skipF-L`` (Apply ToDo factor D
 of ``--block-factor``, method nearest), each followed by its twin ``ideal-<name>``: the same model with the
 same blocks run on the same reduced number of image tokens at no cost of reduction. The ideal is a ``dit``
@@ -89,7 +89,6 @@ import dataclasses
 import functools
 import importlib
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -104,7 +103,7 @@ from tome.hosts.comfyui_dit import LAYOUT_KEY, OVERRIDE_KEY, SCOPE_ATTENTION, SC
 from tome.hosts.comfyui_unet import MERGE_KV, MERGE_QKV
 from tome.merge import IDENTITY, build_plan
 from tome_harness import comfyui as comfyui_host
-from tome_harness import dit_models
+from tome_harness import dit_models, machine
 from tome_harness.comfyui import ROOT
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -667,10 +666,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     scopes = "" if args.scope == [SCOPE_ATTENTION] else "_" + "_".join(args.scope)
     stem = f"dit_{'_'.join(args.model)}{scopes}_{args.dtype}_{'sdpa' if args.sdpa else 'default'}"
-    machine = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-               "torch": torch.__version__,
-               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
-    (args.out / f"{stem}.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
+    (args.out / f"{stem}.json").write_text(json.dumps({"machine": machine.describe(), "rows": rows}, indent=2))
     table = markdown(rows)
     (args.out / f"{stem}.md").write_text(table + "\n")
     print(table)

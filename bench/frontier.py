@@ -5,14 +5,18 @@ setting costs on the family's trained judge, one picture per family.
     .venv/bin/python bench/frontier.py --family Flux --no-pictures
 
 Nothing is measured here: the speed-ups are the committed rows of ``bench/dit_bench.py`` (``bench/records/speed``:
-random weights of the real widths, this 2-core CPU, PyTorch SDPA), the costs the committed rows of
-``bench/quality_bench.py`` (``bench/records/quality``). Each family's picture has two panels:
+random weights of the real widths, a 2-core CPU, PyTorch SDPA; each family's from one run on one machine), the
+costs the committed rows of ``bench/quality_bench.py`` (``bench/records/quality``). Each family's picture has two
+panels:
 
 - a forward's speed-up against the x0 change at half the schedule (the README's rule: the fast row is the fastest
   setting whose x0 change is at most 0.25, the line drawn);
 - a 20-step run's speed-up (the forward's, times the block calls a step cache leaves out: core EasyCache alone
   and stacked with the family's recommended setting) against the PSNR of its samples from noise against the
-  unpatched ones (a step cache changes no single prediction, so only a run of steps can place it).
+  unpatched ones (a step cache changes no single prediction, so only a run of steps can place it). A setting
+  that starts later in the schedule (``start_percent``, "from 0.2") runs its first steps whole: its run's
+  speed-up is ``1 / (start + (1 - start) / s)``, and it is placed on this panel only (at half the schedule it
+  is its whole-schedule twin, the same point of the left panel).
 
 A block setting with skips is measured on the judge with its skips, but timed at real width on every block: its
 speed-up is the every-block one over the share of blocks the setting reduced on the judge (a block's share of
@@ -23,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,76 +44,64 @@ class Point:
     """One setting of the quality bench, placed by a timed variant of the speed bench."""
 
     setting: str  # the quality bench's name
-    model: str  # the speed bench's model row
+    run: str  # the speed bench's run: its record's name in bench/records/speed
     variant: str  # the speed bench's variant
     skips: tuple[int, int] | None = None  # a block setting's skips on the judge (None: not a block setting)
+    start: float = 0.0  # its start_percent: the share of a run's steps it leaves whole
 
 
 @dataclass(frozen=True)
 class Family:
     name: str
     judge: str  # the trained layout whose rows give the costs
-    recommended: str  # the README's row on this family (its quality bench name)
+    recommended: str  # the README's conservative row on this family (its quality bench name)
     points: tuple[Point, ...]
+    run: str = ""  # the speed bench's run its points are timed in
 
     @property
     def picture(self) -> Path:
         return ROOT / "docs" / f"frontier-{self.name.lower().replace('.', '')}.png"
 
 
-def _family(name: str, judge: str, recommended: str, attention: dict[str, tuple[str, str]],
-            block: dict[str, tuple[str, str]]) -> Family:
-    """``attention``: setting -> (model, variant) timed as it runs; ``block``: setting -> (model, every-block
-    variant) for the block settings, each placed with the skips its name says (the default where it names
-    none)."""
-    points = [Point(setting, model, variant) for setting, (model, variant) in attention.items()]
-    for setting, (model, variant) in block.items():
+def _family(name: str, judge: str, recommended: str, run: str, attention: dict[str, str],
+            block: dict[str, str]) -> Family:
+    """Every point timed in the speed bench's ``run``. ``attention``: setting -> its variant, timed as it runs;
+    ``block``: setting -> the every-block variant of a block setting, placed with the skips its name says (the
+    default where it names none); each with the start its name says ("from 0.2"; else 0)."""
+    points = [Point(setting, run, variant, start=start_of(setting)) for setting, variant in attention.items()]
+    for setting, variant in block.items():
         skips = (0, 0) if "all blocks" in setting else (1, 1) if "skip 1:1" in setting else DEFAULT_SKIPS
-        points.append(Point(setting, model, variant, skips))
-    return Family(name, judge, recommended, tuple(points))
+        points.append(Point(setting, run, variant, skips, start_of(setting)))
+    return Family(name, judge, recommended, tuple(points), run)
 
 
-SD35_4, SD35, FLUX = "sd35m-4blocks", "sd35m", "flux-2d4s-1024px"
+def start_of(setting: str) -> float:
+    """The start_percent a quality bench setting's name gives ("ToDo 2 from 0.3": 0.3)."""
+    return float(setting.split(" from ")[1].split()[0]) if " from " in setting else 0.0
+
+
+# The block settings, each timed by its every-block variant.
+BLOCK = {"ToMe 0.3 block": "tome-0.3-block-skip0-0", "ToMe 0.3 block, all blocks": "tome-0.3-block-skip0-0",
+         "ToMe 0.5 block": "tome-0.5-block-skip0-0", "ToMe 0.5 block, skip 1:1": "tome-0.5-block-skip0-0",
+         "ToMe 0.5 block, all blocks": "tome-0.5-block-skip0-0", "ToMe 0.5 block from 0.2": "tome-0.5-block-skip0-0",
+         "ToDo 2 block": "todo-2-block-skip0-0"}
+ATTENTION = {"ToDo 2": "todo-2", "ToDo 2 from 0.3": "todo-2", "ToMe 0.3": "tome-0.3-qkv", "ToMe 0.5": "tome-0.5-qkv",
+             "ToMe 0.5 k and v only": "tome-0.5-kv"}
 FAMILIES = (
-    _family("SD3.5", "sd35-512", "ToDo 2", attention={
-        "ToDo 2": (SD35, "todo-2"),
-        "ToMe 0.3": (SD35, "tome-0.3-qkv"),
-        "ToMe 0.5": (SD35_4, "tome-0.5-qkv"),  # timed on the first 4 blocks only
-        "ToMe 0.5 k and v only": (SD35_4, "tome-0.5-kv"),
-    }, block={
-        "ToMe 0.3 block": (SD35, "tome-0.3-block-skip0-0"),
-        "ToMe 0.3 block, all blocks": (SD35, "tome-0.3-block-skip0-0"),
-        "ToMe 0.5 block": (SD35_4, "tome-0.5-block-skip0-0"),
-        "ToMe 0.5 block, skip 1:1": (SD35_4, "tome-0.5-block-skip0-0"),
-        "ToMe 0.5 block, all blocks": (SD35_4, "tome-0.5-block-skip0-0"),
-        "ToDo 2 block": (SD35_4, "todo-2-block-skip0-0"),
-    }),
-    _family("Flux", "flux-512", "ToDo 2 average", attention={
-        "ToDo 2": (FLUX, "todo-2"),
-        "ToDo 2 average": (FLUX, "todo-2-average"),
-        "ToMe 0.3": (FLUX, "tome-0.3-qkv"),
-        "ToMe 0.5": (FLUX, "tome-0.5-qkv"),
-        "ToMe 0.5 k and v only": (FLUX, "tome-0.5-kv"),
-    }, block={
-        "ToMe 0.3 block": (FLUX, "tome-0.3-block-skip0-0"),
-        "ToMe 0.3 block, all blocks": (FLUX, "tome-0.3-block-skip0-0"),
-        "ToMe 0.5 block": (FLUX, "tome-0.5-block-skip0-0"),
-        "ToMe 0.5 block, skip 1:1": (FLUX, "tome-0.5-block-skip0-0"),
-        "ToMe 0.5 block, all blocks": (FLUX, "tome-0.5-block-skip0-0"),
-        "ToDo 2 block": (FLUX, "todo-2-block-skip0-0"),
-    }),
+    _family("SD3.5", "sd35-512", "ToDo 2", "sd35m-1024px-bf16-amx", ATTENTION, BLOCK),
+    _family("Flux", "flux-512", "ToDo 2 average", "flux-2d4s-1024px-fp32",
+            ATTENTION | {"ToDo 2 average": "todo-2-average"}, BLOCK),
+    _family("Wan", "wan21-512", "ToDo 2", "wan13b-81f-1block-fp32",
+            ATTENTION | {"ToDo 2 time_factor 2": "todo-2-t2"}, BLOCK),
 )
 # The step cache's rows: EasyCache alone runs every forward at full speed; stacked, at the recommended setting's.
 CACHE_ALONE, CACHE_STACKED = "EasyCache", "EasyCache + ToDo 2 auto"
 
 
-def speed_rows() -> dict[tuple[str, str], list[float]]:
-    """Every committed speed-up, by (model, variant): a variant timed in several runs has each."""
-    found: dict[tuple[str, str], list[float]] = {}
-    for path in sorted((RECORDS / "speed").glob("*.json")):
-        for row in json.loads(path.read_text())["rows"]:
-            found.setdefault((row["model"], row["variant"]), []).append(row["speed-up"])
-    return found
+def speed_rows() -> dict[tuple[str, str], float]:
+    """Every committed speed-up, by (run, variant): a run is a record of ``bench/records/speed`` (its name)."""
+    return {(path.stem, row["variant"]): row["speed-up"] for path in sorted((RECORDS / "speed").glob("*.json"))
+            for row in json.loads(path.read_text())["rows"]}
 
 
 def quality_rows() -> dict[tuple[str, str], dict]:
@@ -132,8 +123,8 @@ def reduced_share(point: Point, blocks: int) -> float:
 
 
 def forward_speed(point: Point, speeds: dict, blocks: int) -> float:
-    """The forward's speed-up of ``point`` (the mean of its timed runs; a block setting over its share)."""
-    every = statistics.fmean(speeds[point.model, point.variant])
+    """The forward's speed-up of ``point`` (a block setting's over its share of blocks)."""
+    every = speeds[point.run, point.variant]
     if point.skips is None:
         return every
     share = reduced_share(point, blocks)
@@ -149,7 +140,13 @@ class Placed:
     sample_psnr: float
     estimated: bool  # a block setting's speed taken over its share of blocks
     recommended: bool
-    step_cache: bool = False  # changes no single prediction: the rule and the x0 panel leave it out
+    step_cache: bool = False  # changes no single prediction
+    start: float = 0.0  # a step window's start: at half the schedule it is its whole-schedule twin
+
+    @property
+    def run_only(self) -> bool:
+        """Placed by its run alone: the rule and the x0 panel leave it out."""
+        return self.step_cache or self.start > 0
 
 
 def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
@@ -161,17 +158,20 @@ def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
         calls = row.get("sample block calls")
         return calls["unpatched"] / calls["ran"] if calls else 1.0
 
-    def add(setting: str, row: dict, forward: float, **marks) -> None:
-        placed.append(Placed(setting, forward, forward * calls_saved(row), row["x0 change 0.5"]["mean"],
-                             row["sample PSNR"]["mean"], **marks))
+    def add(setting: str, row: dict, forward: float, start: float = 0.0, **marks) -> None:
+        # The quality bench samples with the simple scheduler, whose steps are spaced evenly in the timesteps
+        # start_percent counts in: a window from ``start`` runs that share of the steps whole.
+        run = 1 / (start + (1 - start) / forward) * calls_saved(row)
+        placed.append(Placed(setting, forward, run, row["x0 change 0.5"]["mean"], row["sample PSNR"]["mean"],
+                             start=start, **marks))
 
     by_setting = {point.setting: point for point in family.points}
     for point in family.points:
         row = costs.get((family.judge, point.setting))
-        if row is None or (point.model, point.variant) not in speeds:
+        if row is None or (point.run, point.variant) not in speeds:
             continue
-        add(point.setting, row, forward_speed(point, speeds, blocks), estimated=point.skips not in (None, (0, 0)),
-            recommended=point.setting == family.recommended)
+        add(point.setting, row, forward_speed(point, speeds, blocks), point.start,
+            estimated=point.skips not in (None, (0, 0)), recommended=point.setting == family.recommended)
     for setting, under in ((CACHE_ALONE, None), (CACHE_STACKED, family.recommended)):
         row = costs.get((family.judge, setting))
         if row is None or (under is not None and under not in by_setting):
@@ -183,19 +183,21 @@ def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
 
 def fast_choice(placed: list[Placed]) -> Placed | None:
     """The README's rule on these points: the fastest forward whose x0 change is at most ``FAST_RULE`` (step
-    caches aside: they change no single prediction)."""
-    eligible = [p for p in placed if not p.step_cache and p.x0_change <= FAST_RULE]
+    caches and windows aside: at half the schedule a cache changes nothing and a window is its twin)."""
+    eligible = [p for p in placed if not p.run_only and p.x0_change <= FAST_RULE]
     return max(eligible, key=lambda p: p.forward, default=None)
 
 
 def table(family: Family, placed: list[Placed]) -> str:
     fast = fast_choice(placed)
-    out = [f"**{family.name}** (judge `{family.judge}`; speed at real width, this CPU: `bench/records/speed`)", "",
+    out = [f"**{family.name}** (judge `{family.judge}`; speed at real width: `bench/records/speed/{family.run}.json`)",
+           "",
            "| setting | forward speed-up | 20-step run speed-up | x0 change at 50% | sample PSNR (dB) | |",
            "|---|---|---|---|---|---|"]
     for p in sorted(placed, key=lambda p: p.forward):
-        marks = [m for m, on in (("recommended", p.recommended), ("fastest under the rule", p is fast),
-                                 ("speed over its share of blocks", p.estimated)) if on]
+        marks = [m for m, on in (("conservative row", p.recommended), ("fastest under the rule", p is fast),
+                                 ("speed over its share of blocks", p.estimated),
+                                 (f"its first {p.start:.0%} of the steps whole", p.start > 0)) if on]
         out.append(f"| {p.setting} | {p.forward:.2f}x | {p.run:.2f}x | {p.x0_change:.3f} | {p.sample_psnr:.1f} | "
                    f"{', '.join(marks)} |")
     return "\n".join(out) + "\n"
@@ -208,18 +210,20 @@ def draw(family: Family, placed: list[Placed], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
+    fast = fast_choice(placed)
     panels = ((left, lambda p: p.x0_change, lambda p: p.forward, "x0 change at half the schedule (log)",
                "speed-up of a forward"),
               (right, lambda p: p.sample_psnr, lambda p: p.run, "sample PSNR against no patch (dB, 20 steps)",
                "speed-up of a 20-step run"))
     for axis, x_of, y_of, x_label, y_label in panels:
         for p in placed:
-            if axis is left and p.step_cache:
-                continue  # a step cache changes no single prediction: only the run's panel places it
+            if axis is left and p.run_only:
+                continue  # at half the schedule a cache changes nothing and a window is its twin: the run places them
             colour = "tab:red" if p.step_cache else (
                 "tab:blue" if " block" in p.setting else "tab:green")
-            axis.scatter(x_of(p), y_of(p), s=140 if p.recommended else 40, marker="*" if p.recommended else "o",
-                         facecolors="none" if p.estimated else colour, edgecolors=colour, zorder=3)
+            marker, size = ("*", 140) if p.recommended else ("D", 60) if p is fast else ("o", 40)
+            axis.scatter(x_of(p), y_of(p), s=size, marker=marker, facecolors="none" if p.estimated else colour,
+                         edgecolors=colour, zorder=3)
             axis.annotate(p.setting, (x_of(p), y_of(p)), fontsize=7, xytext=(4, 3), textcoords="offset points")
         axis.set_xlabel(x_label)
         axis.set_ylabel(y_label)
@@ -229,9 +233,10 @@ def draw(family: Family, placed: list[Placed], path: Path) -> None:
     left.annotate("the fast rule's limit", (FAST_RULE, left.get_ylim()[1]), fontsize=7, ha="right", va="top",
                   rotation=90)
     right.invert_xaxis()  # costlier to the right in both panels
-    fig.suptitle(f"{family.name}: speed at real width (this CPU, random weights) against the cost on the trained "
-                 f"judge {family.judge}\ngreen: attention scope; blue: block scope (hollow: timed over its share of "
-                 f"blocks); red: core EasyCache; star: recommended", fontsize=9)
+    fig.suptitle(f"{family.name}: speed at real width (run {family.run}: a 2-core CPU, random weights) against the "
+                 f"cost on the trained judge {family.judge}\ngreen: attention scope; blue: block scope (hollow: timed "
+                 f"over its share of blocks); red: core EasyCache\nstar: the README's conservative row; diamond: the "
+                 f"fastest under the rule (the fast row)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -11,8 +11,9 @@
 # only, each with its ideal, matching share and peak memory. Then issue 33's block scope (bench/dit_bench.py
 # --scope attention block, bf16, SDPA): Flux at 1024 px with all its 19 + 38 blocks, SD3.5 medium at 1024 px with
 # all 24, Qwen-Image at 1024 px (12 of its 60 blocks), Wan 2.1 1.3B (all 30 blocks) and 14B (10 of 40) at
-# 832x480 x 81 frames; ToMe 0.5 and ToDo 2 at dit_scope block with skips 0:0 and the default 2:2, each beside its
-# ideal (the same blocks on as many tokens, reduced for free), and the attention scope's ToDo 2 and ToMe 0.5.
+# 832x480 x 81 frames; ToMe 0.5 and ToDo 2 at dit_scope block with skips 0:0, the default 2:2 and SD3.5's fast
+# row's 3:3, each beside its ideal (the same blocks on as many tokens, reduced for free), and the attention
+# scope's ToDo 2 and ToMe 0.5.
 # And issue 27's counts (bench/host_reads_bench.py): the host reads, blocking copies and operators each node
 # adds to a model call of SD1.5, SDXL, Flux and Wan; they do not depend on the device and are counted on the CPU.
 #
@@ -52,7 +53,7 @@ else
             "--model wan13b --frames 81" "--model wan14b --frames 81 --blocks 10")
 fi
 video_common=(--blocks 4 --ratio 0.5 0.75 --merge kv --time-factor 2 --repeats "$repeats")
-block_common=(--scope attention block --ratio 0.5 --merge qkv kv --block-factor 2 --skips 0:0 2:2
+block_common=(--scope attention block --ratio 0.5 --merge qkv kv --block-factor 2 --skips 0:0 2:2 3:3
               --repeats "$repeats")
 if [ "$smoke" = 0 ]; then video_common+=(--dtype bf16); block_common+=(--dtype bf16); fi
 common=(--dtype fp16 --attention sdpa --variants core ours-qkv fast --todo 2 --memory in-process

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import torch
 
 from tome.merge import build_plan
+from tome_harness import machine
 
 SIZES = [(4096, 320), (4096, 640), (16384, 320), (16384, 640)]  # (tokens, channels)
 RATIO = 0.5
@@ -130,9 +130,7 @@ def main() -> None:
     table = markdown(rows)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
-    machine = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-               "torch": torch.__version__}
-    (args.out / "merge_bench.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
+    (args.out / "merge_bench.json").write_text(json.dumps({"machine": machine.describe(), "rows": rows}, indent=2))
     (args.out / "merge_bench.md").write_text(table + "\n")
 
 

@@ -7,8 +7,9 @@ Variants, run round-robin in one process (minimum of ``--repeats``):
   ours-q       Apply ToMe, q only
   ours-kv      Apply ToMe, k and v only
   ideal        self-attention on N - r tokens with merge and unmerge (almost) free: the limit
-  fast         (only when named in ``--variants``) the README's fast setting: SD1.5 self+cross at
-               max_downsample 2, SDXL scope all at max_downsample 4
+  fast         (only when named in ``--variants``) the README's fast setting at 2048 px and in hires passes:
+               SD1.5 self+cross at max_downsample 2 (at 1024 px scope all at 4, the ``all-ds4`` row of
+               ``--scope-grid``), SDXL scope all at max_downsample 4
   ideal-fast   (only when named) the limit of the fast setting's max_downsample at scope all: every
                transformer block there runs whole (attention, cross-attention, MLP) on the first N - r
                tokens and passes the rest through; for SDXL, the fast setting with merge and unmerge free
@@ -62,7 +63,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -76,6 +76,7 @@ import torch
 from tome.grid import block_downsample
 from tome.hosts.comfyui_unet import MERGE_KV, MERGE_Q, MERGE_QKV, SCOPE_ALL, SCOPE_CROSS, SCOPE_SELF
 from tome_harness import comfyui as comfyui_host
+from tome_harness import machine
 from tome_harness.comfyui import ATTENTION_CHOICES, ROOT
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -111,7 +112,7 @@ def ideal_patches(ratio, max_downsample):
 
 
 def fast_setting(model) -> tuple[str, int]:
-    """The README's fast setting for ``model``'s family: (scope, max_downsample)."""
+    """The README's fast setting for ``model``'s family at 2048 px and in hires passes: (scope, max_downsample)."""
     return FAST_SETTINGS[type(model.model.model_config).__name__]
 
 
@@ -689,12 +690,6 @@ def parse_args(argv=None):
     return args
 
 
-def machine() -> dict:
-    return {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
-
-
 def main() -> None:
     args = parse_args()
     if args.child:
@@ -711,8 +706,8 @@ def main() -> None:
         table = markdown(rows)
         if args.repeats:
             plot(rows, args.out / f"{stem}.png")
-    (args.out / f"{stem}.json").write_text(json.dumps({"machine": machine(), "argv": sys.argv[1:], "rows": rows},
-                                                      indent=2))
+    record = {"machine": machine.describe(), "argv": sys.argv[1:], "rows": rows}
+    (args.out / f"{stem}.json").write_text(json.dumps(record, indent=2))
     (args.out / f"{stem}.md").write_text(table + "\n")
     print(table)
 

@@ -179,10 +179,11 @@ def test_gpu_table_smoke_runs_on_the_cpu(tmp_path):
     block = [line.split("|") for line in table.split("## Block scope")[1].splitlines()
              if line.startswith("| tiny-flux-5blocks fp32 cpu |")]
     assert [row[3].strip() for row in block] == ["none", "todo-2", "tome-0.5-qkv", "tome-0.5-kv"] + [
-        f"{prefix}{name}-block-skip{skips}" for skips in ("0-0", "2-2") for name in ("tome-0.5", "todo-2")
+        f"{prefix}{name}-block-skip{skips}" for skips in ("0-0", "2-2", "3-3") for name in ("tome-0.5", "todo-2")
         for prefix in ("", "ideal-")]
     skipped = ["263 (2), 135 (1), 263 (2)"] * 2 + ["263 (2), 71 (1), 263 (2)"] * 2  # text 7 + image 256, 128, 64
-    assert [row[11].strip() for row in block[-4:]] == skipped
+    assert [row[11].strip() for row in block[-8:-4]] == skipped
+    assert [row[11].strip() for row in block[-4:]] == ["263 (5)"] * 4  # 3 and 3 of 5 blocks: none reduced
     assert "| SD1.5 | Apply ToMe | 1.00 | 0.00 |" in table  # the counts: one host read per model call
 
 

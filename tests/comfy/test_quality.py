@@ -216,15 +216,16 @@ def test_no_node_default_is_its_dearest_measured_choice_on_a_trained_family(pack
 
 def test_every_frontier_point_names_a_committed_speed_row_and_a_quality_bench_setting(comfy_nodes):
     """``bench/frontier.py`` draws from committed rows only: each point it places must name a variant the speed
-    records hold and a setting the quality bench runs on a DiT, and each family's recommended setting is placed."""
+    records hold and a setting the quality bench runs on the family's judge, and each family's recommended
+    setting is placed."""
     frontier, bench = load_bench("frontier"), load_bench("quality_bench")
     speeds, costs = frontier.speed_rows(), frontier.quality_rows()
-    dit_settings = {s.name for s in bench.settings() if s.applies_to(tm.LAYOUTS["flux-512"])}
-    assert {frontier.CACHE_ALONE, frontier.CACHE_STACKED} <= dit_settings
     for family in frontier.FAMILIES:
+        judged = {s.name for s in bench.settings() if s.applies_to(tm.LAYOUTS[family.judge])}
+        assert {frontier.CACHE_ALONE, frontier.CACHE_STACKED} <= judged
         for point in family.points:
-            assert (point.model, point.variant) in speeds, (family.name, point)
-            assert point.setting in dit_settings, (family.name, point.setting)
+            assert (point.run, point.variant) in speeds, (family.name, point)
+            assert point.setting in judged, (family.name, point.setting)
         placed = {p.setting: p for p in frontier.place(family, speeds, costs)}
         assert placed[family.recommended].recommended
 
@@ -234,7 +235,7 @@ def test_a_block_setting_is_timed_over_the_share_of_blocks_it_reduced_on_its_jud
     judge reduce 5: 1 / (4/9 + 5/9 / s); a run's speed-up multiplies a forward's by the block calls a step cache
     left out."""
     frontier = load_bench("frontier")
-    speeds = {("m", "v"): [2.0, 3.0]}  # two timed runs: their mean, 2.5
+    speeds = {("m", "v"): 2.5}
     every = frontier.Point("ToMe 0.5 block, all blocks", "m", "v", (0, 0))
     default = frontier.Point("ToMe 0.5 block", "m", "v", frontier.DEFAULT_SKIPS)
     assert frontier.judge_blocks("flux-512") == 9
@@ -248,3 +249,21 @@ def test_a_block_setting_is_timed_over_the_share_of_blocks_it_reduced_on_its_jud
     assert placed[every.setting].run == pytest.approx(2.5)
     assert placed[frontier.CACHE_STACKED].run == pytest.approx(5.0)
     assert frontier.fast_choice(list(placed.values())).setting == every.setting  # a cache row is never the fast one
+
+
+def test_a_step_window_runs_its_first_steps_whole_and_is_placed_by_its_run_alone():
+    """"from 0.2": the first fifth of a run's steps whole, the rest at the forward's speed-up; at half the schedule
+    it is its whole-schedule twin, so the rule passes it over even where it is cheaper."""
+    frontier = load_bench("frontier")
+    assert frontier.start_of("ToMe 0.5 block from 0.2") == 0.2 and frontier.start_of("ToDo 2") == 0.0
+    speeds = {("m", "v"): 2.5}
+    window = frontier.Point("ToDo 2 from 0.3", "m", "v", start=0.3)
+    twin = frontier.Point("ToDo 2", "m", "v")
+    family = frontier.Family("F", "flux-512", "ToDo 2", (window, twin))
+    costs = {("flux-512", "ToDo 2 from 0.3"): {"x0 change 0.5": {"mean": 0.1}, "sample PSNR": {"mean": 30.0}},
+             ("flux-512", "ToDo 2"): {"x0 change 0.5": {"mean": 0.2}, "sample PSNR": {"mean": 20.0}}}
+    placed = {p.setting: p for p in frontier.place(family, speeds, costs)}
+    assert placed["ToDo 2 from 0.3"].forward == pytest.approx(2.5)
+    assert placed["ToDo 2 from 0.3"].run == pytest.approx(1 / (0.3 + 0.7 / 2.5))
+    assert placed["ToDo 2"].run == pytest.approx(2.5)
+    assert frontier.fast_choice(list(placed.values())).setting == "ToDo 2"
