@@ -44,8 +44,7 @@ class Point:
     """One setting of the quality bench, placed by a timed variant of the speed bench."""
 
     setting: str  # the quality bench's name
-    run: str  # the speed bench's run: its record's name in bench/records/speed
-    variant: str  # the speed bench's variant
+    variant: str  # the speed bench's variant, in its family's run
     skips: tuple[int, int] | None = None  # a block setting's skips on the judge (None: not a block setting)
     start: float = 0.0  # its start_percent: the share of a run's steps it leaves whole
 
@@ -55,8 +54,8 @@ class Family:
     name: str
     judge: str  # the trained layout whose rows give the costs
     recommended: str  # the README's conservative row on this family (its quality bench name)
+    run: str  # the speed bench's run its points are timed in: its record's name in bench/records/speed
     points: tuple[Point, ...]
-    run: str = ""  # the speed bench's run its points are timed in
 
     @property
     def picture(self) -> Path:
@@ -68,11 +67,11 @@ def _family(name: str, judge: str, recommended: str, run: str, attention: dict[s
     """Every point timed in the speed bench's ``run``. ``attention``: setting -> its variant, timed as it runs;
     ``block``: setting -> the every-block variant of a block setting, placed with the skips its name says (the
     default where it names none); each with the start its name says ("from 0.2"; else 0)."""
-    points = [Point(setting, run, variant, start=start_of(setting)) for setting, variant in attention.items()]
+    points = [Point(setting, variant, start=start_of(setting)) for setting, variant in attention.items()]
     for setting, variant in block.items():
         skips = (0, 0) if "all blocks" in setting else (1, 1) if "skip 1:1" in setting else DEFAULT_SKIPS
-        points.append(Point(setting, run, variant, skips, start_of(setting)))
-    return Family(name, judge, recommended, tuple(points), run)
+        points.append(Point(setting, variant, skips, start_of(setting)))
+    return Family(name, judge, recommended, run, tuple(points))
 
 
 def start_of(setting: str) -> float:
@@ -98,10 +97,10 @@ FAMILIES = (
 CACHE_ALONE, CACHE_STACKED = "EasyCache", "EasyCache + ToDo 2 auto"
 
 
-def speed_rows() -> dict[tuple[str, str], float]:
-    """Every committed speed-up, by (run, variant): a run is a record of ``bench/records/speed`` (its name)."""
-    return {(path.stem, row["variant"]): row["speed-up"] for path in sorted((RECORDS / "speed").glob("*.json"))
-            for row in json.loads(path.read_text())["rows"]}
+def speed_rows() -> dict[str, dict[str, float]]:
+    """Every committed speed-up, by run (a record of ``bench/records/speed``, by its name), then variant."""
+    return {path.stem: {row["variant"]: row["speed-up"] for row in json.loads(path.read_text())["rows"]}
+            for path in sorted((RECORDS / "speed").glob("*.json"))}
 
 
 def quality_rows() -> dict[tuple[str, str], dict]:
@@ -122,9 +121,10 @@ def reduced_share(point: Point, blocks: int) -> float:
     return max(blocks - first - last, 0) / blocks
 
 
-def forward_speed(point: Point, speeds: dict, blocks: int) -> float:
-    """The forward's speed-up of ``point`` (a block setting's over its share of blocks)."""
-    every = speeds[point.run, point.variant]
+def forward_speed(point: Point, run: dict[str, float], blocks: int) -> float:
+    """The forward's speed-up of ``point`` in ``run`` (its family's speed-ups by variant; a block setting's over
+    its share of blocks)."""
+    every = run[point.variant]
     if point.skips is None:
         return every
     share = reduced_share(point, blocks)
@@ -151,7 +151,7 @@ class Placed:
 
 def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
     """Every point of ``family`` that both benches have measured, and the step cache's rows."""
-    blocks = judge_blocks(family.judge)
+    blocks, run = judge_blocks(family.judge), speeds.get(family.run, {})
     placed = []
 
     def calls_saved(row: dict) -> float:
@@ -161,22 +161,22 @@ def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
     def add(setting: str, row: dict, forward: float, start: float = 0.0, **marks) -> None:
         # The quality bench samples with the simple scheduler, whose steps are spaced evenly in the timesteps
         # start_percent counts in: a window from ``start`` runs that share of the steps whole.
-        run = 1 / (start + (1 - start) / forward) * calls_saved(row)
-        placed.append(Placed(setting, forward, run, row["x0 change 0.5"]["mean"], row["sample PSNR"]["mean"],
+        run_speed = 1 / (start + (1 - start) / forward) * calls_saved(row)
+        placed.append(Placed(setting, forward, run_speed, row["x0 change 0.5"]["mean"], row["sample PSNR"]["mean"],
                              start=start, **marks))
 
     by_setting = {point.setting: point for point in family.points}
     for point in family.points:
         row = costs.get((family.judge, point.setting))
-        if row is None or (point.run, point.variant) not in speeds:
+        if row is None or point.variant not in run:
             continue
-        add(point.setting, row, forward_speed(point, speeds, blocks), point.start,
+        add(point.setting, row, forward_speed(point, run, blocks), point.start,
             estimated=point.skips not in (None, (0, 0)), recommended=point.setting == family.recommended)
     for setting, under in ((CACHE_ALONE, None), (CACHE_STACKED, family.recommended)):
         row = costs.get((family.judge, setting))
         if row is None or (under is not None and under not in by_setting):
             continue
-        forward = 1.0 if under is None else forward_speed(by_setting[under], speeds, blocks)
+        forward = 1.0 if under is None else forward_speed(by_setting[under], run, blocks)
         add(setting, row, forward, estimated=False, recommended=False, step_cache=True)
     return placed
 

@@ -175,6 +175,11 @@ def test_a_setting_traced_from_transformer_options_is_frozen_under_the_newest_gu
     assert_same_image(second, references[0] if frozen else references[1])
 
 
+def every_block_tome(pack, model):
+    """Apply ToMe 0.5 at the block scope, every block reduced: a ``dit`` replacement on each block."""
+    return pack.dit.apply_tome_dit(model, ratio=0.5, dit_scope="block", skip_first_blocks=0, skip_last_blocks=0)
+
+
 @pytest.mark.parametrize("family", ["flux", "wan21"])
 def test_a_patched_clone_of_a_compiled_model_that_already_ran_unpatched_gets_its_reduction(
         pack, comfy_nodes, family, compile_model):
@@ -186,8 +191,7 @@ def test_a_patched_clone_of_a_compiled_model_that_already_ran_unpatched_gets_its
     torch.testing.assert_close(unpatched, dit_sample(comfy_nodes, model, family), **TOLERANCE)
     for apply in (lambda m: pack.dit.apply_todo_dit(m, downsample_factor=2),
                   lambda m: pack.dit.apply_tome_dit(m, ratio=0.5),
-                  lambda m: pack.dit.apply_tome_dit(m, ratio=0.5, dit_scope="block", skip_first_blocks=0,
-                                                    skip_last_blocks=0)):
+                  lambda m: every_block_tome(pack, m)):
         reference = dit_sample(comfy_nodes, apply(model), family)
         assert_differs(reference, unpatched)
         assert_same_image(dit_sample(comfy_nodes, apply(compiled), family), reference)
@@ -200,9 +204,8 @@ def test_a_compiled_model_that_ran_at_the_block_scope_runs_unpatched_and_attenti
     is and an attention-scope clone, whose blocks have no replacement: neither may take the block scope's graph."""
     model = dit_models.build_dit_model(family)
     compiled = compile_model(model)
-    block = lambda m: pack.dit.apply_tome_dit(m, ratio=0.5, dit_scope="block", skip_first_blocks=0,  # noqa: E731
-                                              skip_last_blocks=0)
-    assert_same_image(dit_sample(comfy_nodes, block(compiled), family), dit_sample(comfy_nodes, block(model), family))
+    assert_same_image(dit_sample(comfy_nodes, every_block_tome(pack, compiled), family),
+                      dit_sample(comfy_nodes, every_block_tome(pack, model), family))
     assert_same_image(dit_sample(comfy_nodes, compiled, family), dit_sample(comfy_nodes, model, family))
     todo = lambda m: pack.dit.apply_todo_dit(m, downsample_factor=2)  # noqa: E731
     assert_same_image(dit_sample(comfy_nodes, todo(compiled), family), dit_sample(comfy_nodes, todo(model), family))
@@ -214,9 +217,7 @@ def test_two_patched_clones_compiled_apart_and_sampled_in_turn_each_get_their_ow
     """Two compile nodes, one on a block-scope clone and one on an attention-scope clone of the same model (they
     compile the same module's code, so they share dynamo's cache), sampled in turn twice."""
     model = dit_models.build_dit_model(family)
-    settings = [lambda m: pack.dit.apply_tome_dit(m, ratio=0.5, dit_scope="block", skip_first_blocks=0,
-                                                  skip_last_blocks=0),
-                lambda m: pack.dit.apply_todo_dit(m, downsample_factor=2)]
+    settings = [lambda m: every_block_tome(pack, m), lambda m: pack.dit.apply_todo_dit(m, downsample_factor=2)]
     references = [dit_sample(comfy_nodes, apply(model), family) for apply in settings]
     compiled = [compile_model(apply(model)) for apply in settings]
     for _ in range(2):

@@ -224,7 +224,7 @@ def test_every_frontier_point_names_a_committed_speed_row_and_a_quality_bench_se
         judged = {s.name for s in bench.settings() if s.applies_to(tm.LAYOUTS[family.judge])}
         assert {frontier.CACHE_ALONE, frontier.CACHE_STACKED} <= judged
         for point in family.points:
-            assert (point.run, point.variant) in speeds, (family.name, point)
+            assert point.variant in speeds[family.run], (family.name, point)
             assert point.setting in judged, (family.name, point.setting)
         placed = {p.setting: p for p in frontier.place(family, speeds, costs)}
         assert placed[family.recommended].recommended
@@ -235,13 +235,13 @@ def test_a_block_setting_is_timed_over_the_share_of_blocks_it_reduced_on_its_jud
     judge reduce 5: 1 / (4/9 + 5/9 / s); a run's speed-up multiplies a forward's by the block calls a step cache
     left out."""
     frontier = load_bench("frontier")
-    speeds = {("m", "v"): 2.5}
-    every = frontier.Point("ToMe 0.5 block, all blocks", "m", "v", (0, 0))
-    default = frontier.Point("ToMe 0.5 block", "m", "v", frontier.DEFAULT_SKIPS)
+    speeds = {"m": {"v": 2.5}}
+    every = frontier.Point("ToMe 0.5 block, all blocks", "v", (0, 0))
+    default = frontier.Point("ToMe 0.5 block", "v", frontier.DEFAULT_SKIPS)
     assert frontier.judge_blocks("flux-512") == 9
-    assert frontier.forward_speed(every, speeds, 9) == pytest.approx(2.5)
-    assert frontier.forward_speed(default, speeds, 9) == pytest.approx(1 / (4 / 9 + 5 / 9 / 2.5))
-    family = frontier.Family("F", "flux-512", "ToMe 0.5 block, all blocks", (every,))
+    assert frontier.forward_speed(every, speeds["m"], 9) == pytest.approx(2.5)
+    assert frontier.forward_speed(default, speeds["m"], 9) == pytest.approx(1 / (4 / 9 + 5 / 9 / 2.5))
+    family = frontier.Family("F", "flux-512", "ToMe 0.5 block, all blocks", "m", (every,))
     row = {"x0 change 0.5": {"mean": 0.1}, "sample PSNR": {"mean": 30.0}}
     costs = {("flux-512", every.setting): row,
              ("flux-512", frontier.CACHE_STACKED): dict(row, **{"sample block calls": {"ran": 90, "unpatched": 180}})}
@@ -256,10 +256,10 @@ def test_a_step_window_runs_its_first_steps_whole_and_is_placed_by_its_run_alone
     it is its whole-schedule twin, so the rule passes it over even where it is cheaper."""
     frontier = load_bench("frontier")
     assert frontier.start_of("ToMe 0.5 block from 0.2") == 0.2 and frontier.start_of("ToDo 2") == 0.0
-    speeds = {("m", "v"): 2.5}
-    window = frontier.Point("ToDo 2 from 0.3", "m", "v", start=0.3)
-    twin = frontier.Point("ToDo 2", "m", "v")
-    family = frontier.Family("F", "flux-512", "ToDo 2", (window, twin))
+    speeds = {"m": {"v": 2.5}}
+    window = frontier.Point("ToDo 2 from 0.3", "v", start=0.3)
+    twin = frontier.Point("ToDo 2", "v")
+    family = frontier.Family("F", "flux-512", "ToDo 2", "m", (window, twin))
     costs = {("flux-512", "ToDo 2 from 0.3"): {"x0 change 0.5": {"mean": 0.1}, "sample PSNR": {"mean": 30.0}},
              ("flux-512", "ToDo 2"): {"x0 change 0.5": {"mean": 0.2}, "sample PSNR": {"mean": 20.0}}}
     placed = {p.setting: p for p in frontier.place(family, speeds, costs)}
