@@ -118,7 +118,7 @@ class Case:
     config: dict
     latent: tuple[int, ...]
     text: tuple[int, int]  # context tokens and width
-    conds: dict = field(default_factory=dict)  # name -> shape of a zero tensor
+    conds: dict = field(default_factory=dict)  # name -> shape of a zero tensor (or the value: None, int, tensor)
     # Zero conds over the latent's frames: name -> (channels, frames fewer than the latent's).
     frame_conds: dict = field(default_factory=dict)
     reference_frames: int = 0  # latent frames ahead of the video's (Wan 2.2 Animate's reference image)
@@ -154,6 +154,14 @@ REAL_CASES = {
         "image_model": "ltxv", "in_channels": 128, "cross_attention_dim": 2048, "attention_head_dim": 64,
         "num_attention_heads": 32, "caption_channels": 4096, "num_layers": 28,
     }, (1, 128, 3, 15, 26), (128, 4096), {"attention_mask": None}, spatial=32),
+    # Mochi as ComfyUI detects it (model_detection.py); 848x480 (its native size), a prompt of all 256 T5 tokens.
+    "mochi": Case("mochi", "GenmoMochi", {
+        "image_model": "mochi_preview", "depth": 48, "patch_size": 2, "num_heads": 24, "hidden_size_x": 3072,
+        "hidden_size_y": 1536, "mlp_ratio_x": 4.0, "mlp_ratio_y": 4.0, "learn_sigma": False, "in_channels": 12,
+        "qk_norm": True, "qkv_bias": False, "out_bias": True, "attn_drop": 0.0, "patch_embed_bias": True,
+        "posenc_preserve_area": True, "timestep_mlp_bias": True, "attend_to_padding": False,
+        "timestep_scale": 1000.0, "use_t5": True, "t5_feat_dim": 4096, "t5_token_length": 256, "rope_theta": 10000.0,
+    }, (1, 12, 6, 60, 106), (256, 4096), {"attention_mask": torch.ones(1, 256, dtype=torch.long), "num_tokens": 256}),
 }
 REAL_CASES["wan14b"] = dataclasses.replace(REAL_CASES["wan13b"], name="wan14b", config=dict(
     REAL_CASES["wan13b"].config, dim=5120, num_heads=40, ffn_dim=13824, num_layers=40))
@@ -166,8 +174,9 @@ QWEN_CONFIG = {
     "image_model": "qwen_image", "in_channels": 64, "out_channels": 16, "num_layers": 60, "attention_head_dim": 128,
     "num_attention_heads": 24, "joint_attention_dim": 3584, "axes_dims_rope": (16, 56, 56),
 }
-# Latent frames of a video of n frames: Wan and HunyuanVideo's VAEs compress time 4x, LTX-Video's 8x (n = 8k + 1).
-TIME_COMPRESSION = {"wan13b": 4, "wan14b": 4, "wan22ti2v": 4, "hunyuan": 4, "wan22animate": 4, "ltxv": 8}
+# Latent frames of a video of n frames: Wan and HunyuanVideo's VAEs compress time 4x, Mochi's 6x, LTX-Video's 8x
+# (n = 8k + 1).
+TIME_COMPRESSION = {"wan13b": 4, "wan14b": 4, "wan22ti2v": 4, "hunyuan": 4, "wan22animate": 4, "ltxv": 8, "mochi": 6}
 FLUX_CONFIG = {
     "image_model": "flux", "in_channels": 16, "patch_size": 2, "out_channels": 16, "vec_in_dim": 768,
     "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "axes_dim": [16, 56, 56],
@@ -189,6 +198,8 @@ def with_blocks(case: Case, blocks: int | None) -> Case:
         config["depth_single_blocks"] = blocks - config["depth"]
     elif "depth_single_blocks" in config:  # HunyuanVideo: double blocks only, each joint attention over all tokens
         config["depth"], config["depth_single_blocks"] = blocks, 0
+    elif case.model_class == "GenmoMochi":  # its last block gives no text back, as the real model's 48th
+        config["depth"] = blocks
     else:  # MMDiT: its width is 64 * depth, so depth stays and num_blocks cuts; image-only attention is first
         config["num_blocks"] = blocks
         config["x_block_self_attn_layers"] = [i for i in config["x_block_self_attn_layers"] if i < blocks]
@@ -225,7 +236,7 @@ def cases_of(args) -> list[Case]:
 
 
 # The test models the block scope reaches, whose depth ``--blocks`` sets in the smoke run.
-TINY_BLOCK_FAMILIES = ("flux", "sd3", "wan21", "qwen_image")
+TINY_BLOCK_FAMILIES = ("flux", "sd3", "wan21", "qwen_image", "hunyuan_video", "ltxv")
 
 
 def tiny_cases(blocks: int | None = None) -> list[Case]:
@@ -354,7 +365,7 @@ class IdealBlocks:
 @dataclass(frozen=True, eq=False)
 class IdealBlock:
     """One block of an ideal twin: the block runs on its sequence without the last ``n - m`` image tokens
-    (the rotary table cut alike); those tokens go on to the next block as they came."""
+    (its per-token tables cut alike); those tokens go on to the next block as they came."""
 
     scope: IdealBlocks
     key: tuple[str, int]
@@ -367,25 +378,24 @@ class IdealBlock:
         layout = (args.get("transformer_options") or {}).get(LAYOUT_KEY)
         form = self.scope.forms[self.key[0]]
         img = args["img"]
-        offset = args["txt"].shape[1] if form.text_apart else 0  # where img starts in the layout's sequence
-        length = offset + img.shape[1]
+        offset, length = form.sequence(args)  # where img starts in the layout's sequence, and its length
         start = None if layout is None else layout.start(length)
-        pe = args.get("pe")
-        if start is None or start < offset or (form.pe_axis is not None and pe is not None
-                                               and pe.shape[form.pe_axis] != length):
+        tables = form.tables(args, length)
+        if start is None or start < offset or start - offset + layout.n_tokens > img.shape[1] or tables is None:
             return self.run(args, extra)
-        if form.frame_vec and isinstance(args.get("vec"), torch.Tensor) and args["vec"].ndim == 4 \
-                and args["vec"].shape[1] > 1:
-            raise ValueError("dit_bench: the ideal does not cut a per-frame modulation (Wan 2.2 TI2V-5B with a "
-                             "start image); run that model without one")
+        if (form.frame_vec and isinstance(args.get("vec"), torch.Tensor) and args["vec"].ndim == 4
+                and args["vec"].shape[1] > 1) or any(args.get(key) is not None for key in form.ranges):
+            raise ValueError("dit_bench: the ideal does not cut a per-frame modulation (Wan 2.2 TI2V-5B or "
+                             "HunyuanVideo with a start image); run that model without one")
         n = layout.n_tokens
         m = reduced_tokens(layout.grid, self.scope.todo, self.scope.tome)
         if m >= n:
             return self.run(args, extra)
         at = start - offset  # the image in img
         changes = {"img": cut(img, 1, at + m, at + n)}
-        if form.pe_axis is not None and pe is not None:
-            changes["pe"] = cut(pe, form.pe_axis, start + m, start + n)
+        for rows, table in tables:
+            image_at = rows.image_at(start, offset)
+            changes[rows.key] = cut(table, rows.axis, image_at + m, image_at + n)
         out = self.run(dict(args, **changes), extra)
         out_img = out["img"]
         return dict(out, img=torch.cat([out_img[:, :at + m], img[:, at + m:at + n], out_img[:, at + m:]], dim=1))
@@ -406,15 +416,15 @@ def ideal_twin(dit, model, real, family: str):
 
 
 class BlockTokens:
-    """A ``dit`` block replacement that notes in ``seen`` how many tokens its block runs on (the text too where
-    it comes apart, ``form.text_apart``), then runs the block (or ``inner``, the replacement that was there)."""
+    """A ``dit`` block replacement that notes in ``seen`` how many tokens its block runs on (the length of its
+    sequence: the text too where it comes apart, ``form.sequence``), then runs the block (or ``inner``, the
+    replacement that was there)."""
 
     def __init__(self, form, seen: list, inner: Callable | None = None):
         self.form, self.seen, self.inner = form, seen, inner
 
     def __call__(self, args: dict, extra: dict) -> dict:
-        txt = args.get("txt") if self.form.text_apart else None
-        self.seen.append(args["img"].shape[1] + (0 if txt is None else txt.shape[1]))
+        self.seen.append(self.form.sequence(args)[1])
         return self.inner(args, extra) if self.inner is not None else extra["original_block"](args)
 
 
@@ -518,8 +528,9 @@ def make_inputs(case: Case, dtype: torch.dtype, device: torch.device):
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(case.latent, generator=generator).to(device)
     context = torch.randn(1, *case.text, generator=generator).to(device, dtype)
-    conds = {name: (value if value is None or isinstance(value, int)
-                    else torch.zeros(value, device=device, dtype=dtype)) for name, value in case.conds.items()}
+    conds = {name: (value if value is None or isinstance(value, int) else value.to(device)
+                    if isinstance(value, torch.Tensor) else torch.zeros(value, device=device, dtype=dtype))
+             for name, value in case.conds.items()}
     for name, (channels, fewer) in case.frame_conds.items():  # [B, C, T, H, W], as the latent
         batch, _, frames, height, width = case.latent
         conds[name] = torch.zeros(batch, channels, frames - fewer, height, width, device=device, dtype=dtype)

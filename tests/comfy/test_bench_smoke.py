@@ -203,7 +203,8 @@ BLOCK_VARIANTS = [f"{prefix}{name}-block-skip{skips}" for skips in ("0-0", "2-2"
                   for name in ("tome-0.5", "todo-2") for prefix in ("", "ideal-")]
 
 
-@pytest.mark.parametrize(("family", "text", "frames"), [("flux", 7, 1), ("wan21", 0, 3)])
+@pytest.mark.parametrize(("family", "text", "frames"), [("flux", 7, 1), ("wan21", 0, 3), ("hunyuan_video", 7, 3),
+                                                        ("ltxv", 0, 3)])
 def test_dit_bench_block_rows_run_on_the_reduced_tokens_beside_their_ideal(pack, family, text, frames):
     # a 32x32 latent: 16x16 image tokens a frame; ToMe 0.5 leaves 128 of them, ToDo 2 64
     bench, rows = _dit_block_rows(pack, [family])

@@ -205,22 +205,36 @@ def test_skip_first_and_last_blocks_choose_the_blocks_in_the_order_they_run(comf
 
 
 # One call of our replacement, per family: its latent (batch 2), where the image starts in the layout's sequence,
-# and the args ComfyUI's block replacement gets (``img``, ``txt`` and ``pe``).
-UNIT_FRAMES = {"flux": 1, "sd3": 1, "wan": 3, "qwen_image": 1}
+# and the args ComfyUI's block replacement gets (``img``, ``txt`` and the per-token tables). HunyuanVideo and Mochi
+# put the text after the image; Wan's and LTX-Video's text is cross-attention context, in no sequence.
+UNIT_FRAMES = {"flux": 1, "sd3": 1, "wan": 3, "qwen_image": 1, "hunyuan_video": 3, "ltxv": 3, "mochi": 3}
+TEXT_AFTER = ("hunyuan_video", "mochi")
+TEXT_APART = ("wan", "ltxv")
 
 
 def unit_layout(families, family):
     return {"flux": lambda: families.flux_layout((2, 16, 10, 12), 2, COND_TEXT),
             "sd3": lambda: families.sd3_layout((2, 16, 10, 12), 2, COND_TEXT),
             "wan": lambda: families.wan_layout((2, 16, 3, 10, 12), (1, 2, 2), [COND_TEXT]),
-            "qwen_image": lambda: families.qwen_image_layout((2, 16, 10, 12), 2, COND_TEXT)}[family]()
+            "qwen_image": lambda: families.qwen_image_layout((2, 16, 10, 12), 2, COND_TEXT),
+            "hunyuan_video": lambda: families.hunyuan_video_layout((2, 16, 3, 10, 12), (1, 2, 2), COND_TEXT,
+                                                                   COND_TEXT),
+            "ltxv": lambda: families.ltxv_layout((2, 128, 3, 5, 6), (1, 1, 1), [COND_TEXT]),
+            "mochi": lambda: families.mochi_layout((2, 12, 3, 10, 12), (1, 2, 2), COND_TEXT)}[family]()
+
+
+# Per family, its per-token table: (args key, token axis, batched).
+UNIT_TABLES = {"flux": ("pe", 2, True), "qwen_image": ("pe", 2, True), "wan": ("pe", 1, True),
+               "hunyuan_video": ("pe", 2, True), "ltxv": ("pe", 2, True), "mochi": ("rope_cos", 0, False)}
 
 
 def run_block(block, scope_todo=None, scope_tome=None, key=("double_block", 0), inner=None, img=None, txt=None,
-              family="flux", vec=None, layout=None):
-    """One call of our replacement of ``key`` on a model of ``family``, on a 5x6 image (batch 2; Wan: 3 frames)
-    after 7 text tokens (Wan: the text apart, as cross-attention context; SD3: no rotary table), around
-    ``inner`` (the block): ``(args given, result)``."""
+              family="flux", vec=None, layout=None, **extra_args):
+    """One call of our replacement of ``key`` on a model of ``family``, on a 5x6 image (batch 2; the video
+    models: 3 frames) beside 7 text tokens (ahead of it; after it: HunyuanVideo, Mochi; apart, as cross-attention
+    context: Wan, LTX-Video), with a rotary table over the sequence (Wan, LTX-Video: the video's tokens; Mochi: two,
+    unbatched, over the video; SD3: none), around ``inner`` (the block): ``(args given, result)``.
+    ``extra_args``: more entries of the block's args."""
     from tome_harness import comfyui as comfyui_host
 
     dit = comfyui_host.pack_module("tome.hosts.comfyui_dit")
@@ -231,15 +245,19 @@ def run_block(block, scope_todo=None, scope_tome=None, key=("double_block", 0), 
     img = torch.randn(2, n, 8, generator=generator) if img is None else img
     txt = torch.randn(2, COND_TEXT, 8, generator=generator) if txt is None else txt
     options = {dit.LAYOUT_KEY: layout}
-    if family == "wan":  # [1, L, 1, D/2, 2, 2]: the video's tokens alone
-        pe = torch.randn(1, img.shape[1], 1, 2, 2, 2, generator=generator)
-    else:  # [1, 1, L, D/2, 2, 2] over [txt | img]
-        pe = torch.randn(1, 1, COND_TEXT + n, 2, 2, 2, generator=generator)
-    args = {"img": img, "txt": txt, "vec": vec, "pe": pe, "transformer_options": options}
-    if family == "sd3":
-        del args["pe"]
+    sequence = img.shape[1] + (0 if family in TEXT_APART else COND_TEXT)
+    args = {"img": img, "txt": txt, "vec": vec, "transformer_options": options}
+    if family == "mochi":  # [L, heads, D/2] each, over the video alone
+        args.update(rope_cos=torch.randn(n, 2, 4, generator=generator),
+                    rope_sin=torch.randn(n, 2, 4, generator=generator), num_tokens=COND_TEXT)
+    elif family == "wan":  # [1, L, 1, D/2, 2, 2]
+        args["pe"] = torch.randn(1, sequence, 1, 2, 2, 2, generator=generator)
+    elif family != "sd3":  # [1, 1, L, D/2, 2, 2]
+        args["pe"] = torch.randn(1, 1, sequence, 2, 2, 2, generator=generator)
     if key[0] == "single_block":
-        args = {"img": torch.cat([txt, img], 1), "vec": vec, "pe": pe, "transformer_options": options}
+        joined = [img, txt] if family in TEXT_AFTER else [txt, img]
+        args = {"img": torch.cat(joined, 1), "vec": vec, "pe": args["pe"], "transformer_options": options}
+    args.update(extra_args)
     scope = block.BlockScope(scope_todo, scope_tome, (key,), family)
     replacement = block.BlockReduction(scope, key, inner)
     given = {name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in args.items()}
@@ -259,7 +277,9 @@ def settings(pack, kind, **changes):
 
 
 UNIT_CASES = [("flux", ("double_block", 0)), ("flux", ("single_block", 0)), ("sd3", ("double_block", 0)),
-              ("wan", ("double_block", 0)), ("qwen_image", ("double_block", 0))]
+              ("wan", ("double_block", 0)), ("qwen_image", ("double_block", 0)),
+              ("hunyuan_video", ("double_block", 0)), ("hunyuan_video", ("single_block", 0)),
+              ("ltxv", ("double_block", 0)), ("mochi", ("double_block", 0))]
 
 
 @pytest.mark.parametrize("family,key", UNIT_CASES)
@@ -282,13 +302,16 @@ def test_each_token_keeps_its_residual_and_gets_its_reduced_tokens_change(pack, 
 
     given, out = run_block(block, *((None, settings(pack, "tome")) if kind == "tome" else (settings(pack, "todo"),)),
                            key=key, inner=in_place_block, family=family)
-    text = 0 if key[0] == "double_block" else COND_TEXT
     frames = UNIT_FRAMES[family]
-    kept = (MERGED if kind == "tome" else POOLED) * frames
-    assert seen["in"].shape[1] == text + kept
-    full_in = given["img"][:, text:]
-    change = (out["img"][:, text:] - full_in)  # [2, 30 * frames, 8]
-    reduced_change = (seen["out"] - seen["in"])[:, text:]  # [2, kept, 8]
+    n, kept = IMAGE * frames, (MERGED if kind == "tome" else POOLED) * frames
+    # The image's place in img: after the text in Flux's single blocks, first everywhere else.
+    at = COND_TEXT if key[0] == "single_block" and family not in TEXT_AFTER else 0
+    text_in, text_out = (0, 0) if key[0] == "double_block" else \
+        ((slice(n, None), slice(kept, None)) if family in TEXT_AFTER else (slice(0, at), slice(0, at)))
+    assert seen["in"].shape[1] == given["img"].shape[1] - n + kept
+    full_in = given["img"][:, at:at + n]
+    change = (out["img"][:, at:at + n] - full_in)  # [2, 30 * frames, 8]
+    reduced_change = (seen["out"] - seen["in"])[:, at:at + kept]  # [2, kept, 8]
     # Every token's change is one of its batch element's reduced changes; as many distinct ones as kept tokens.
     distance = torch.cdist(change, reduced_change, compute_mode="donot_use_mm_for_euclid_dist")  # [2, 30, kept]
     assert distance.min(dim=-1).values.max() < 1e-5
@@ -296,41 +319,52 @@ def test_each_token_keeps_its_residual_and_gets_its_reduced_tokens_change(pack, 
     if kind == "todo":  # nearest: a cell's token is its top-left one, and every token of a cell gets its change
         cells = torch.cat([frame * 9 + (torch.arange(5)[:, None] // 2 * 3 + torch.arange(6)[None, :] // 2).flatten()
                            for frame in range(frames)])
-        torch.testing.assert_close(seen["in"][:, text:],
+        torch.testing.assert_close(seen["in"][:, at:at + kept],
                                    full_in.unflatten(1, (frames, 5, 6))[:, :, ::2, ::2].flatten(1, 3), rtol=0, atol=0)
         torch.testing.assert_close(change, reduced_change[:, cells])
     if key[0] == "double_block":
         torch.testing.assert_close(out["txt"], given["txt"] + 2.0, rtol=0, atol=0)
     else:
-        torch.testing.assert_close(out["img"][:, :text], seen["out"][:, :text], rtol=0, atol=0)
+        torch.testing.assert_close(out["img"][:, text_in], seen["out"][:, text_out], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("family", ["flux", "wan", "qwen_image"])
+def tokens_first(table, axis, batched):
+    """A per-token table as ``[B or 1, L, rest]``."""
+    table = table if batched else table.unsqueeze(0)
+    return table.movedim(axis if batched else axis + 1, 1).flatten(2)
+
+
+@pytest.mark.parametrize("family", list(UNIT_TABLES))
 def test_merged_tokens_run_at_their_destinations_positions(pack, block, family):
-    """The rotary table reaching the block has the text's entries (Flux, Qwen-Image), then each merged token's
-    own entry (a destination's, or an unmerged token's): gathered per batch element, each an entry of the image's.
-    Wan's table is token-major and covers the video alone."""
+    """The rotary table reaching the block keeps the text's rows (ahead of the image: Flux, Qwen-Image; after it:
+    HunyuanVideo), and has each merged token's own row (a destination's, or an unmerged token's): gathered per
+    batch element, each a row of the image's. Wan's and LTX-Video's tables cover the video alone, as do Mochi's
+    two, which have no batch axis (the block gets them batched)."""
+    name, axis, batched = UNIT_TABLES[family]
     seen = {}
 
     def inner(args, extra):
-        seen["pe"] = args["pe"]
+        seen["table"] = args[name]
         return {"img": args["img"], "txt": args["txt"]}
 
     given, _ = run_block(block, None, settings(pack, "tome"), inner=inner, family=family)
-    axis, text = (1, 0) if family == "wan" else (2, COND_TEXT)
-    kept = MERGED * UNIT_FRAMES[family]
-    pe, got = given["pe"].movedim(axis, 1), seen["pe"].movedim(axis, 1)  # [B or 1, L, 1, 2, 2, 2]
-    assert got.shape == (2, text + kept, 1, 2, 2, 2)
-    torch.testing.assert_close(got[:, :text], pe[:, :text].expand(2, -1, -1, -1, -1, -1), rtol=0, atol=0)
-    image = pe[0, text:].flatten(1)  # [30 * frames, 8]
+    n, kept = IMAGE * UNIT_FRAMES[family], MERGED * UNIT_FRAMES[family]
+    got_axis = axis if batched else axis + 1  # the block gets it batched
+    table, got = tokens_first(given[name], axis, batched), tokens_first(seen["table"], got_axis, True)
+    text = 0 if family in TEXT_APART + ("mochi",) else COND_TEXT
+    image_at = 0 if family in TEXT_AFTER + TEXT_APART else COND_TEXT
+    assert got.shape == (2, text + kept, table.shape[-1])
+    text_rows = (slice(n, None), slice(kept, None)) if family in TEXT_AFTER else (slice(0, text), slice(0, text))
+    torch.testing.assert_close(got[:, text_rows[1]], table[:, text_rows[0]].expand(2, -1, -1), rtol=0, atol=0)
+    image = table[0, image_at:image_at + n]  # [30 * frames, rest]
     for b in range(2):
-        merged = got[b, text:].flatten(1)
+        merged = got[b, image_at:image_at + kept]
         index = torch.cdist(merged, image, compute_mode="donot_use_mm_for_euclid_dist").argmin(dim=-1)
         torch.testing.assert_close(merged, image[index], rtol=0, atol=0)
         assert len(set(index.tolist())) == kept
 
 
-@pytest.mark.parametrize("family", ["flux", "wan"])
+@pytest.mark.parametrize("family", ["flux", "wan", "hunyuan_video"])
 def test_pooled_cells_run_at_their_first_tokens_positions(pack, block, family):
     seen = {}
 
@@ -339,10 +373,78 @@ def test_pooled_cells_run_at_their_first_tokens_positions(pack, block, family):
         return {"img": args["img"], "txt": args["txt"]}
 
     given, _ = run_block(block, settings(pack, "todo", method="average"), inner=inner, family=family)
-    axis, text, frames = (1, 0, 3) if family == "wan" else (2, COND_TEXT, 1)
-    pe, got = given["pe"].movedim(axis, 1), seen["pe"].movedim(axis, 1)
-    image = pe[:, text:].unflatten(1, (frames, 5, 6))[:, :, ::2, ::2].flatten(1, 3)
-    torch.testing.assert_close(got[:, text:], image.expand(2, -1, -1, -1, -1, -1), rtol=0, atol=0)
+    _, axis, _ = UNIT_TABLES[family]
+    frames, image_at = UNIT_FRAMES[family], COND_TEXT if family == "flux" else 0
+    pe, got = tokens_first(given["pe"], axis, True), tokens_first(seen["pe"], axis, True)
+    image = pe[:, image_at:image_at + 30 * frames].unflatten(1, (frames, 5, 6))[:, :, ::2, ::2].flatten(1, 3)
+    torch.testing.assert_close(got[:, image_at:image_at + 9 * frames], image.expand(2, -1, -1), rtol=0, atol=0)
+
+
+def test_hunyuans_text_mask_follows_the_tokens(pack, block):
+    """HunyuanVideo's text-padding mask ``[1, 1, L]`` over ``[video | text]`` (zeros over the video): the block
+    gets one row per batch element, zeros over the merged video, the text's rows as they were."""
+    mask = torch.zeros(1, 1, 90 + COND_TEXT)
+    mask[..., -2:] = -1e4  # the text's last two tokens are padding
+    seen = {}
+
+    def inner(args, extra):
+        seen["mask"] = args["attention_mask"]
+        return {"img": args["img"], "txt": args["txt"]}
+
+    run_block(block, None, settings(pack, "tome"), inner=inner, family="hunyuan_video", attention_mask=mask)
+    expected = torch.cat([torch.zeros(1, 1, 45), mask[..., 90:]], dim=-1).expand(2, -1, -1)
+    torch.testing.assert_close(seen["mask"], expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind,first", [("tome", MERGED), ("todo", POOLED)])
+def test_hunyuans_first_frame_modulation_moves_to_the_reduced_first_frame(pack, block, kind, first):
+    """HunyuanVideo's image to video (``guiding_frame_index``) modulates the first frame's tokens apart
+    (``modulation_dims``): the range ends where the reduced first frame does. ToDo pooling 2 frames in time: the
+    first pooled frame takes it (its position is its first frame's)."""
+    seen = {}
+
+    def inner(args, extra):
+        seen["dims"] = args["modulation_dims_img"]
+        return {"img": args["img"], "txt": args["txt"]}
+
+    scope = (None, settings(pack, "tome")) if kind == "tome" else (settings(pack, "todo", time_factor=2),)
+    run_block(block, *scope, inner=inner, family="hunyuan_video",
+              modulation_dims_img=[(0, 30, 0), (30, None, 1)], modulation_dims_txt=[(0, None, 1)])
+    assert seen["dims"] == [(0, first, 0), (first, None, 1)]
+
+
+def test_a_modulation_range_inside_a_frame_runs_the_block_whole(pack, block, caplog):
+    seen = {}
+
+    def inner(args, extra):
+        seen["img"] = args["img"]
+        return {"img": args["img"], "txt": args["txt"]}
+
+    with caplog.at_level(logging.WARNING):
+        run_block(block, None, settings(pack, "tome"), inner=inner, family="hunyuan_video",
+                  modulation_dims_img=[(0, 20, 0), (20, None, 1)])
+    assert seen["img"].shape[1] == 90
+    assert "do not match its tokens one for one" in caplog.text
+
+
+@pytest.mark.parametrize("rows", [1, 90])
+def test_ltxvs_per_token_modulation_follows_the_tokens_and_a_shared_one_stays(pack, block, rows):
+    """LTX-Video's ``vec``: one row for every token (``[B, 1, 6C]``) passes as it is; one per token (a start image
+    at timestep 0) is gathered like the tokens."""
+    vec = torch.randn(2, rows, 12, generator=torch.Generator().manual_seed(4))
+    seen = {}
+
+    def inner(args, extra):
+        seen["vec"], seen["img"] = args["vec"], args["img"]
+        return {"img": args["img"]}
+
+    run_block(block, settings(pack, "todo"), inner=inner, family="ltxv", vec=vec)
+    if rows == 1:
+        assert seen["vec"] is vec
+    else:
+        torch.testing.assert_close(seen["vec"], vec.unflatten(1, (3, 5, 6))[:, :, ::2, ::2].flatten(1, 3),
+                                   rtol=0, atol=0)
+    assert seen["img"].shape[1] == 27
 
 
 def test_sd3_blocks_get_no_rotary_table_and_its_last_blocks_text_stays_none(pack, block):

@@ -24,10 +24,12 @@ and the change is taken against the reduced image, which the block never sees.
 Positions follow the tokens: a merged token runs at its destination's rotary
 position (the rotary table ``pe`` is per token along the sequence, gathered
 like the tokens), a pooled cell at the position of its first token (its
-top-left, the token ``nearest`` pooling keeps). While a reduced block runs, the
-attention override (``comfyui_dit``) is told the reduced layout: after ToDo,
-the pooled grid (an attention-scope ToMe then merges it); after ToMe, none (the
-merged tokens are no grid, so attention runs on them as they are).
+top-left, the token ``nearest`` pooling keeps); every other per-token table (a
+per-token modulation, a mask over the sequence) likewise. While a reduced
+block runs, the attention override (``comfyui_dit``) is told the reduced
+layout: after ToDo, the pooled grid (an attention-scope ToMe then merges it);
+after ToMe, none (the merged tokens are no grid, so attention runs on them as
+they are).
 
 Families done, each one ``FamilyBlocks`` in ``BLOCK_FAMILIES`` (its blocks in
 the order they run, and per kind of block how its arguments hold the tokens, a
@@ -50,6 +52,19 @@ the order they run, and per kind of block how its arguments hold the tokens, a
   video (``x_orig``) and add into the full output, as without us.
 - Qwen-Image: as Flux's double blocks (``img`` [image | edit references],
   ``txt`` apart, ``pe`` over ``[txt | img]``).
+- HunyuanVideo (and 1.5, HunyuanImage 2.1): Flux's blocks with the text
+  after the image: double blocks take ``img`` ([I2V reference | video]) and
+  ``txt`` apart, single blocks ``[reference | video | text]`` joined; ``pe``
+  and the text-padding mask ``attention_mask`` ``[1, 1, L]`` cover
+  ``[img | txt]``; image to video's first-frame modulation
+  (``modulation_dims``, token ranges) moves to the reduced first frame.
+- LTX-Video: ``img`` is ``[video | keyframe guides]`` (the text is
+  cross-attention context, its ``attention_mask`` the text's), ``pe`` per token
+  of it, ``vec`` per token where a start image or keyframe runs at its own
+  timestep.
+- Mochi: ``img`` (the video) and ``txt`` apart, joint attention over
+  ``[video | text cut to num_tokens]``; its rotary tables ``rope_cos`` and
+  ``rope_sin`` ``[N, heads, D/2]`` cover the video alone.
 
 Every other family (Wan 2.2 S2V and HuMo among them: S2V hands its blocks no
 ``transformer_options`` and a per-token modulation of its own, HuMo's audio
@@ -90,7 +105,18 @@ from .comfyui_dit import (
     pool_grid,
     replace_span,
 )
-from .dit_families import FLUX, QWEN_IMAGE, SD3, WAN, WAN_ANIMATE, ImageLayout, image_layout
+from .dit_families import (
+    FLUX,
+    HUNYUAN_VIDEO,
+    LTXV,
+    MOCHI,
+    QWEN_IMAGE,
+    SD3,
+    WAN,
+    WAN_ANIMATE,
+    ImageLayout,
+    image_layout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,46 +139,141 @@ def per_frame(vec) -> bool:
     return isinstance(vec, torch.Tensor) and vec.ndim == 4 and vec.shape[1] > 1
 
 
+# Where a block's sequence puts its text: ``args["txt"]`` ahead of the image stream (Flux's double blocks, SD3,
+# Qwen-Image), after it (HunyuanVideo's double blocks, Mochi), or in no sequence of the block's (``None``: joined
+# into ``img`` already, or cross-attention context).
+TEXT_BEFORE, TEXT_AFTER = "before", "after"
+# What a per-token table has one row for: every token of the layout's sequence, or those of ``args["img"]``.
+SEQUENCE, IMAGE_STREAM = "sequence", "img"
+
+
+@dataclass(frozen=True)
+class TokenRows:
+    """An entry of a block's ``args`` with one row per token (rotary tables, a per-token modulation, a
+    self-attention mask over the sequence), which follows the tokens into the reduced block: a merged token
+    gets its destination's row, a pooled cell its first token's. A table of one row is shared by every token
+    and left as it is.
+
+    ``axis``: its token axis; ``over``: the tokens it has rows for (``SEQUENCE`` or ``IMAGE_STREAM``);
+    ``batched``: whether its first axis is the batch (Mochi's rotary tables ``[N, heads, D/2]`` have none).
+    """
+
+    key: str
+    axis: int
+    over: str = SEQUENCE
+    batched: bool = True
+
+    def image_at(self, start: int, offset: int) -> int:
+        """Where the image starts in the table's rows, ``start`` and ``offset`` being where it and ``img`` start
+        in the layout's sequence."""
+        return start if self.over == SEQUENCE else start - offset
+
+    def expected(self, length: int, stream: int) -> int:
+        """How many rows a table following the tokens has, of a sequence of ``length`` and an ``img`` of
+        ``stream`` tokens."""
+        return length if self.over == SEQUENCE else stream
+
+
 @dataclass(frozen=True)
 class BlockArgs:
     """How one kind of block of a family holds its tokens in the ``args`` of ComfyUI's ``dit`` replacement.
 
-    ``text_apart``: the text comes apart in ``txt`` and the layout's sequence
-    is ``[txt | img]`` (joint attention: Flux's double blocks, SD3, Qwen-Image);
-    otherwise the layout's sequence is ``img`` itself (Flux's single blocks hold
-    the text in it, Wan's text is cross-attention context, in no sequence).
-    ``pe_axis``: the token axis of the rotary table ``pe``, one entry per token
-    of the layout's sequence (Flux, Qwen-Image: 2 of ``[B, 1, L, D/2, 2, 2]``;
-    Wan: 1 of ``[B, L, 1, D/2, 2, 2]``); ``None``: the block takes no positions
-    (SD3 adds its learned table to the tokens before the blocks).
-    ``frame_vec``: ``vec`` may hold one modulation per latent frame, which the
-    block repeats over each frame's tokens (Wan 2.2 TI2V-5B with a start image).
+    ``text``: where ``args["txt"]`` sits in the layout's sequence (``TEXT_BEFORE``, ``TEXT_AFTER``) or ``None``
+    (the sequence is ``img`` itself: Flux's single blocks hold the text in it, Wan's and LTX-Video's text is
+    cross-attention context); ``text_crop``: the ``args`` key of how many text tokens the sequence takes (Mochi's
+    ``num_tokens``). ``rows``: the per-token tables that follow the tokens. ``ranges``: ``args`` keys of token
+    ranges ``[(start, end or None, modulation index)]`` over ``img`` (HunyuanVideo's image-to-video modulation:
+    the first frame's tokens apart), moved to the reduced tokens' frames. ``frame_vec``: ``vec`` may hold one
+    modulation per latent frame, which the block repeats over each frame's tokens (Wan 2.2 TI2V-5B with a start
+    image).
     """
 
-    text_apart: bool
-    pe_axis: int | None
+    text: str | None
+    rows: tuple[TokenRows, ...] = ()
+    text_crop: str | None = None
+    ranges: tuple[str, ...] = ()
     frame_vec: bool = False
 
-    def fits(self, args: dict, layout: ImageLayout, start: int, length: int) -> bool:
-        """Whether this call's positions and modulation can follow the reduced tokens: a rotary table of one
-        entry per token of the sequence; a per-frame modulation only where the sequence is the video alone."""
-        pe = args.get("pe")
-        if self.pe_axis is not None and pe is not None and pe.shape[self.pe_axis] != length:
+    def sequence(self, args: dict) -> tuple[int, int]:
+        """Where ``img`` starts in the layout's sequence of this call, and the sequence's length."""
+        stream = args["img"].shape[1]
+        if self.text is None:
+            return 0, stream
+        text = args["txt"].shape[1]
+        if self.text_crop is not None:
+            text = min(text, args[self.text_crop])
+        return (text, text + stream) if self.text == TEXT_BEFORE else (0, stream + text)
+
+    def tables(self, args: dict, length: int) -> list[tuple[TokenRows, torch.Tensor]] | None:
+        """The tables of this call that follow the tokens (those of one row per token); ``None`` where one
+        has neither one row per token nor a single row."""
+        tables, stream = [], args["img"].shape[1]
+        for rows in self.rows:
+            table = args.get(rows.key)
+            if not isinstance(table, torch.Tensor) or table.shape[rows.axis] == 1:
+                continue
+            if table.shape[rows.axis] != rows.expected(length, stream):
+                return None
+            tables.append((rows, table))
+        return tables
+
+    def fits(self, args: dict, layout: ImageLayout, start: int, offset: int, length: int) -> bool:
+        """Whether this call's positions and modulation can follow the reduced tokens: its tables one row per
+        token (or one for all), its token ranges bounded at the image's frames, a per-frame modulation only where
+        the sequence is the video alone."""
+        if self.tables(args, length) is None:
             return False
+        frame, at = layout.grid[1] * layout.grid[2], start - offset
+        for key in self.ranges:
+            for bound in range_bounds(args.get(key)):
+                if at < bound < at + layout.n_tokens and (bound - at) % frame:
+                    return False
         if self.frame_vec and per_frame(args.get("vec")):
             return start == 0 and layout.n_tokens == length and args["vec"].shape[1] == layout.grid[0]
         return True
 
-    def following(self, args: dict, reduction: Reduction, start: int, n: int, batch: int) -> dict:
-        """The ``args`` entries that follow the tokens into the reduced block: the rotary table's image entries
-        replaced by the reduced tokens' (``start``, ``n``: the image in the layout's sequence), a per-frame
-        modulation pooled over frames as the tokens are."""
-        changes = {}
-        if self.pe_axis is not None and args.get("pe") is not None:
-            changes["pe"] = gathered_positions(args["pe"], self.pe_axis, start, n, batch, reduction)
+    def following(self, args: dict, reduction: Reduction, start: int, offset: int, length: int, layout: ImageLayout,
+                  reduced: int) -> dict:
+        """The ``args`` entries that follow the tokens into the reduced block: each table's image rows replaced
+        by the reduced tokens' (``start``, ``offset``: where the image and ``img`` start in the layout's
+        sequence), token ranges moved to the reduced frames (the image's ``n_tokens`` now ``reduced``), a
+        per-frame modulation pooled over frames as the tokens are."""
+        batch, n = args["img"].shape[0], layout.n_tokens
+        changes = {rows.key: gathered_rows(table, rows, rows.image_at(start, offset), n, batch, reduction)
+                   for rows, table in self.tables(args, length)}
+        for key in self.ranges:
+            if args.get(key) is not None:
+                moved = MovedBounds(start - offset, layout, reduction, reduced)
+                changes[key] = [(moved(a), moved(b), index) for a, b, index in args[key]]
         if self.frame_vec and per_frame(args.get("vec")):
             changes["vec"] = reduction.frames(args["vec"])
         return changes
+
+
+def range_bounds(ranges) -> list[int]:
+    """The token bounds of ``[(start, end or None, index)]`` ranges (none for ``None``)."""
+    return [bound for a, b, _ in ranges or () for bound in (a, b) if bound is not None]
+
+
+@dataclass(frozen=True)
+class MovedBounds:
+    """A token bound of ``img`` (before, inside at a frame's start, or after the image's ``layout.n_tokens``
+    from ``at``) moved to the reduced tokens: ``reduced`` of them, frame by frame of the reduced frames."""
+
+    at: int
+    layout: ImageLayout
+    reduction: Reduction
+    reduced: int
+
+    def __call__(self, bound: int | None) -> int | None:
+        n = self.layout.n_tokens
+        if bound is None or bound <= self.at:
+            return bound
+        if bound >= self.at + n:
+            return bound - n + self.reduced
+        frame = (bound - self.at) // (self.layout.grid[1] * self.layout.grid[2])
+        frames = self.reduction.frame(self.layout.grid[0])
+        return self.at + self.reduction.frame(frame) * (self.reduced // frames)
 
 
 @dataclass(frozen=True)
@@ -164,11 +285,16 @@ class FamilyBlocks:
     args: Mapping[str, BlockArgs]
 
 
-FLUX_DOUBLE = BlockArgs(text_apart=True, pe_axis=2)
-FLUX_SINGLE = BlockArgs(text_apart=False, pe_axis=2)
-SD3_JOINT = BlockArgs(text_apart=True, pe_axis=None)
-WAN_BLOCK = BlockArgs(text_apart=False, pe_axis=1, frame_vec=True)
+FLUX_DOUBLE = BlockArgs(TEXT_BEFORE, (TokenRows("pe", 2),))
+FLUX_SINGLE = BlockArgs(None, (TokenRows("pe", 2),))
+SD3_JOINT = BlockArgs(TEXT_BEFORE)
+WAN_BLOCK = BlockArgs(None, (TokenRows("pe", 1),), frame_vec=True)
 WAN_BLOCKS = FamilyBlocks(double_blocks("blocks"), {DOUBLE: WAN_BLOCK})
+# HunyuanVideo's self-attention mask (text padding) is ``[1, 1, L]`` over the sequence, its image rows zero.
+HUNYUAN_ROWS = (TokenRows("pe", 2), TokenRows("attention_mask", 2))
+# LTX-Video's modulation ``vec`` is ``[B, 1, 6C]``, or one per token (a start image or keyframe at timestep 0).
+LTXV_BLOCK = BlockArgs(None, (TokenRows("pe", 2), TokenRows("vec", 1)))
+MOCHI_ROPE = tuple(TokenRows(key, 0, IMAGE_STREAM, batched=False) for key in ("rope_cos", "rope_sin"))
 
 # The families whose blocks the block scope reaches (names of ``dit_families``; a family's variants that are
 # families of their own need their own entry), and how.
@@ -178,6 +304,11 @@ BLOCK_FAMILIES: dict[str, FamilyBlocks] = {
     WAN: WAN_BLOCKS,
     WAN_ANIMATE: WAN_BLOCKS,  # its face adapter adds into the full video after a block, as without us
     QWEN_IMAGE: FamilyBlocks(double_blocks("transformer_blocks"), {DOUBLE: FLUX_DOUBLE}),
+    HUNYUAN_VIDEO: FamilyBlocks(flux_block_keys, {
+        DOUBLE: BlockArgs(TEXT_AFTER, HUNYUAN_ROWS, ranges=("modulation_dims_img",)),
+        SINGLE: BlockArgs(None, HUNYUAN_ROWS, ranges=("modulation_dims",))}),
+    LTXV: FamilyBlocks(double_blocks("transformer_blocks"), {DOUBLE: LTXV_BLOCK}),
+    MOCHI: FamilyBlocks(double_blocks("blocks"), {DOUBLE: BlockArgs(TEXT_AFTER, MOCHI_ROPE, text_crop="num_tokens")}),
 }
 
 
@@ -224,6 +355,10 @@ class Pooling:
         """A per-frame ``x [B, t, ...]`` for the pooled frames: each cell's first frame's."""
         return x[:, ::self.todo.time_factor]
 
+    def frame(self, k: int) -> int:
+        """The pooled frame that frame ``k`` starts, or the count of pooled frames that ``k`` frames make."""
+        return math.ceil(k / self.todo.time_factor)
+
     def expand(self, x: torch.Tensor) -> torch.Tensor:
         """Each cell's value to every token of the cell."""
         return x.index_select(1, cell_index(self.grid, self.todo.factor, self.todo.time_factor, x.device))
@@ -247,6 +382,9 @@ class Merging:
         """A per-frame ``x [B, t, ...]``: merging keeps every frame (it merges within frames)."""
         return x
 
+    def frame(self, k: int) -> int:
+        return k
+
     def expand(self, x: torch.Tensor) -> torch.Tensor:
         """Each merged token's value to every token merged into it."""
         return self.plan.unmerge(x)
@@ -269,18 +407,26 @@ class Reduction:
             x = stage.frames(x)
         return x
 
+    def frame(self, k: int) -> int:
+        """The reduced frame that frame ``k`` of the image starts (each reduced frame holds as many tokens)."""
+        for stage in self.stages:
+            k = stage.frame(k)
+        return k
+
     def expand(self, x: torch.Tensor) -> torch.Tensor:
         for stage in reversed(self.stages):
             x = stage.expand(x)
         return x
 
 
-def gathered_positions(pe: torch.Tensor, axis: int, start: int, n: int, batch: int,
-                       reduction: Reduction) -> torch.Tensor:
-    """A rotary table ``pe`` with one entry per token of a sequence along ``axis`` (``[B or 1, 1, L, D/2, 2, 2]``
-    with ``axis`` 2: Flux, Qwen-Image; ``[B or 1, L, 1, ...]`` with 1: Wan), the ``n`` image tokens' entries from
-    ``start`` replaced by those of the reduced tokens: ``[B, ..., L', ...]``."""
-    tokens = pe.movedim(axis, 1)
+def gathered_rows(table: torch.Tensor, rows: TokenRows, start: int, n: int, batch: int,
+                 reduction: Reduction) -> torch.Tensor:
+    """A per-token ``table`` (``rows`` says how it holds them: ``[B or 1, 1, L, D/2, 2, 2]`` along axis 2 for
+    Flux's rotary table, ``[B or 1, L, 1, ...]`` along 1 for Wan's, ``[L, heads, D/2]`` along 0, unbatched, for
+    Mochi's), the ``n`` image tokens' rows from ``start`` replaced by those of the reduced tokens, batched: a
+    merged token's rows may differ between batch elements."""
+    axis = rows.axis if rows.batched else rows.axis + 1
+    tokens = (table if rows.batched else table.unsqueeze(0)).movedim(axis, 1)
     if tokens.shape[0] != batch:
         tokens = tokens.expand(batch, *tokens.shape[1:])
     rest = tokens.shape[2:]
@@ -301,8 +447,9 @@ def _warn_unplaced_block(options, length: int) -> None:
     """Once per sampling run: a block whose positions or modulation cannot follow its reduced tokens."""
     run = options.get(RUN_KEY)
     if run is None or run.first_warning("unplaced block"):
-        log.warning("Apply ToDo / Apply ToMe: a block of %d tokens has rotary positions or a modulation that do not "
-                    "match its tokens one for one; it runs whole, as does every such block in this run", length)
+        log.warning("Apply ToDo / Apply ToMe: a block of %d tokens has rotary positions, a modulation or a mask "
+                    "that do not match its tokens one for one; it runs whole, as does every such block in this run",
+                    length)
 
 
 @dataclass(frozen=True)
@@ -376,14 +523,13 @@ class BlockReduction:
             return self.run(args, extra)
         form = self.scope.args(self.key)
         img = args["img"]
-        offset = args["txt"].shape[1] if form.text_apart else 0  # where img starts in the layout's sequence
-        length = offset + img.shape[1]
+        offset, length = form.sequence(args)  # where img starts in the layout's sequence, and its length
         start = layout.start(length)
-        if start is None or start < offset:
+        if start is None or start < offset or start - offset + layout.n_tokens > img.shape[1]:
             if not layout.recognises(length):
                 _warn_unrecognised_block(options, length, layout)
             return self.run(args, extra)
-        if not form.fits(args, layout, start, length):
+        if not form.fits(args, layout, start, offset, length):
             _warn_unplaced_block(options, length)
             return self.run(args, extra)
         n = layout.n_tokens
@@ -396,7 +542,7 @@ class BlockReduction:
         reduction, reduced = reduced
         m = reduced.shape[1]
         reduced_args = dict(args, img=replace_span(img, start - offset, n, reduced),
-                            **form.following(args, reduction, start, n, img.shape[0]))
+                            **form.following(args, reduction, start, offset, length, layout, m))
         # Every sequence of the layout (SD3.5's image-only attn2 besides the joint one) loses the same tokens.
         options[LAYOUT_KEY] = None if reduction.grid is None else \
             image_layout(reduction.grid, {size - n + m: at for size, at in layout.starts.items()}, layout.others)
