@@ -9,8 +9,9 @@ not mark their own are listed in SLOW below.
 import pytest
 
 # Each starts ComfyUI again (a second, third or fourth server), loads the full-size SDXL U-Net (about 10 GB),
-# runs a benchmark in fresh processes that each boot ComfyUI, or samples several SD1.5 graphs through the server
-# (10-80 s each here; the default run keeps one graph of each node and the client's basic runs).
+# runs a benchmark in fresh processes that each boot ComfyUI, samples several SD1.5 graphs through the server, or
+# counts the host reads of SDXL's sampling runs (10-80 s each here; the default run keeps one graph of each node,
+# the client's basic runs, and the host reads of SD1.5, Flux and Wan).
 SLOW = (
     "tests/comfy/test_bench_smoke.py::test_sampler_bench_runs_every_variant",
     "tests/server/test_client_ui.py::test_a_ui_workflow_runs_through_the_client",
@@ -20,6 +21,7 @@ SLOW = (
     "tests/server/test_server.py::test_every_sd15_api_workflow_runs_and_saves_an_image[sd15_hires_fix_tome.json]",
     "tests/server/test_server.py::test_every_sd15_api_workflow_runs_and_saves_an_image[sd15_ab_tome.json]",
     "tests/comfy/test_sdxl_workflow.py::",
+    "tests/comfy/test_host_reads.py::test_a_node_reads_the_host_at_most_once_per_model_call_and_never_blocks[SDXL-",
     "tests/comfy/test_bench_smoke.py::test_gpu_table_smoke_runs_on_the_cpu",
     "tests/comfy/test_bench_smoke.py::test_memory_children_see_tome_shrink_attention_and_fail_cleanly_over_a_cap",
     "tests/server/test_client.py::test_a_batch_of_seeds_spreads_over_two_workers_and_a_rerun_skips_it",

@@ -104,6 +104,100 @@ def sdxl_conds(batch):
     return {"y": torch.zeros(batch, 2816)}
 
 
+# The DiT tests' texts: cond and uncond of different lengths, so they run as separate model calls, and what the
+# families' text encoders add beside them.
+COND_TEXT, UNCOND_TEXT = 7, 5
+BYT5, VISION, LLAMA = 4, 3, 3  # HunyuanVideo 1.5's glyph and vision tokens, HiDream's LLM tokens (used twice)
+# Mochi's T5 mask: the prompt's own tokens of cond's 7 (padding after them) and uncond's 5; its blocks join only these.
+MOCHI_PROMPT = {COND_TEXT: 4, UNCOND_TEXT: UNCOND_TEXT}
+
+
+def clip_vision_output(**states):
+    """ComfyUI's CLIP vision output (``comfy.clip_vision.Output``) holding ``states``."""
+    import comfy.clip_vision
+
+    out = comfy.clip_vision.Output()
+    for name, value in states.items():
+        out[name] = value
+    return out
+
+
+def dit_family_conds(family, text, context_dim):
+    """What a DiT family's text encoders and nodes add to the conditioning of ``text`` tokens besides them."""
+    generator = torch.Generator().manual_seed(6)
+    if family == "ltxv":  # its T5 encoder always hands over the text's mask (cross-attention only)
+        return {"attention_mask": torch.ones(1, text, dtype=torch.long)}
+    if family == "hunyuan_video15":
+        return {"conditioning_byt5small": torch.randn(1, BYT5, 1472, generator=generator),
+                "clip_vision_output": clip_vision_output(
+                    last_hidden_state=torch.randn(1, VISION, context_dim, generator=generator))}
+    if family == "wan21_i2v":
+        return {"clip_vision_output": clip_vision_output(
+            penultimate_hidden_states=torch.randn(1, 4, 1280, generator=generator))}
+    if family == "hidream":  # [B, LLM layers, tokens, width]
+        return {"conditioning_llama3": torch.randn(1, 2, LLAMA, context_dim, generator=generator)}
+    if family == "mochi":  # its T5 encoder hands over the mask, ones over the prompt, zeros over the padding
+        mask = torch.zeros(1, text, dtype=torch.long)
+        mask[:, :MOCHI_PROMPT[text]] = 1
+        return {"attention_mask": mask}
+    return {}
+
+
+def record_lengths(calls):
+    """An attention override noting the (query, key) lengths of every call in ``calls``, whatever the tensor
+    layout, then running the attention."""
+
+    def record(func, *args, **kwargs):
+        axis = 2 if kwargs.get("skip_reshape", False) else 1  # [B, H, L, D] or [B, L, ...]
+        calls.append((args[0].shape[axis], args[1].shape[axis]))
+        return func(*args, **kwargs)
+
+    return record
+
+
+def another_nodes_replacement(*keys):
+    """Another node's ``dit`` replacement on the blocks ``keys`` (``(kind, index)``), recording the image length
+    each call hands it and running the block: the function that puts it on a clone, and the record."""
+    seen = []
+
+    def block(args, extra):
+        seen.append(args["img"].shape[1])
+        return extra["original_block"](args)
+
+    def put(model):
+        model = model.clone()
+        for kind, index in keys:
+            model.set_model_patch_replace(block, "dit", kind, index)
+        return model
+
+    return put, seen
+
+
+# The block scope's checks through the sampler, on any DiT it reaches: ``run(model)`` samples a model.
+
+def check_block_scope_off_is_the_model(pack, model, run, blocks):
+    """ToDo and ToMe at the block scope (``blocks``: the node inputs) undone by ratio 0 and factor 1, and a step
+    window no step falls in, sample the model bit for bit; both on, it differs."""
+    reference = run(model)
+    both = pack.dit.apply_tome_dit(pack.dit.apply_todo_dit(model, downsample_factor=2, **blocks), ratio=0.5, **blocks)
+    removed = pack.dit.apply_todo_dit(pack.dit.apply_tome_dit(both, ratio=0.0, **blocks), downsample_factor=1,
+                                      **blocks)
+    windowed = pack.dit.apply_tome_dit(model, ratio=0.5, start_percent=0.5, end_percent=0.6, **blocks)
+    for patched in (removed, windowed):
+        torch.testing.assert_close(run(patched), reference, rtol=0, atol=0)
+    reduced = run(both)
+    assert torch.isfinite(reduced).all() and (reduced - reference).abs().max() > 1e-3
+
+
+def check_block_scope_is_seeded_and_not_the_attention_scope(pack, model, run, blocks):
+    """ToMe at the block scope: the same seed samples the same, and not what the attention scope samples."""
+    block_scope = pack.dit.apply_tome_dit(model, ratio=0.5, seed=7, **blocks)
+    first, second = run(block_scope), run(block_scope)
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    assert torch.isfinite(first).all()
+    assert (first - run(pack.dit.apply_tome_dit(model, ratio=0.5, seed=7))).abs().max() > 1e-3
+
+
 def expected_tokens(n_tokens: int, ratio: float) -> int:
     return n_tokens - int(n_tokens * ratio)
 

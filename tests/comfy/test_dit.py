@@ -13,10 +13,10 @@ import logging
 
 import pytest
 import torch
+from helpers import BYT5, COND_TEXT, LLAMA, MOCHI_PROMPT, UNCOND_TEXT, VISION, dit_family_conds
 
 from tome_harness import dit_models
 
-COND_TEXT, UNCOND_TEXT = 7, 5
 ALL_FAMILIES = dit_models.FAMILIES + dit_models.SECOND_WAVE + dit_models.THIRD_WAVE + dit_models.FOURTH_WAVE
 # The latent: 5x6 patches (30 tokens), 3x3 cells of 2x2: 10x12 under 2x2 patches; the video models have 3
 # frames of them, Qwen-Image one; LTX-Video and Flux 2 patch 1x1, Chroma Radiance 16x16 pixels.
@@ -28,9 +28,6 @@ LATENTS = {"wan21": VIDEO, "wan21_fun": VIDEO, "qwen_image": (1, 16, 1, 10, 12),
            "wan21_humo": VIDEO, "mochi": (1, 12, 3, 10, 12), "cosmos1": VIDEO, "wan22_fun_control": VIDEO}
 LATENT = (1, 16, 10, 12)
 GRID = (5, 6)
-BYT5, VISION, LLAMA = 4, 3, 3  # HunyuanVideo 1.5's glyph and vision tokens, HiDream's LLM tokens (used twice)
-# Mochi's T5 mask: the prompt's own tokens of cond's 7 (padding after them) and uncond's 5; its blocks join only these.
-MOCHI_PROMPT = {COND_TEXT: 4, UNCOND_TEXT: UNCOND_TEXT}
 # Per family, written out by hand from ComfyUI's model code: for each self-attention length that holds the image,
 # where the image starts (cond and uncond), and the frames of 5x6 patches.
 IMAGE_STARTS = {
@@ -83,44 +80,14 @@ def family(request, models):
     return request.param
 
 
-def clip_vision_output(**states):
-    """ComfyUI's CLIP vision output (``comfy.clip_vision.Output``) holding ``states``."""
-    import comfy.clip_vision
-
-    out = comfy.clip_vision.Output()
-    for name, value in states.items():
-        out[name] = value
-    return out
-
-
-def family_conds(family, text):
-    """What the family's text encoders and nodes add to the conditioning of ``text`` tokens besides them."""
-    generator = torch.Generator().manual_seed(6)
-    if family == "ltxv":  # its T5 encoder always hands over the text's mask (cross-attention only)
-        return {"attention_mask": torch.ones(1, text, dtype=torch.long)}
-    if family == "hunyuan_video15":
-        return {"conditioning_byt5small": torch.randn(1, BYT5, 1472, generator=generator),
-                "clip_vision_output": clip_vision_output(
-                    last_hidden_state=torch.randn(1, VISION, dit_models.CONTEXT_DIM, generator=generator))}
-    if family == "wan21_i2v":
-        return {"clip_vision_output": clip_vision_output(
-            penultimate_hidden_states=torch.randn(1, 4, 1280, generator=generator))}
-    if family == "hidream":  # [B, LLM layers, tokens, width]
-        return {"conditioning_llama3": torch.randn(1, 2, LLAMA, dit_models.CONTEXT_DIM, generator=generator)}
-    if family == "mochi":  # its T5 encoder hands over the mask, ones over the prompt, zeros over the padding
-        mask = torch.zeros(1, text, dtype=torch.long)
-        mask[:, :MOCHI_PROMPT[text]] = 1
-        return {"attention_mask": mask}
-    return {}
-
-
 def conditioning(family, references=None):
     """cond and uncond (with different text lengths), both with the family's extra conds and ``references``
     (conds naming edit, reference or guide latents)."""
     generator = torch.Generator().manual_seed(5)
     extra = {"pooled_output": torch.zeros(1, dit_models.CONTEXT_DIM), **(references or {})}
     return tuple([[torch.randn(1, text, dit_models.CONTEXT_DIM, generator=generator),
-                   dict(extra, **family_conds(family, text))]] for text in (COND_TEXT, UNCOND_TEXT))
+                   dict(extra, **dit_family_conds(family, text, dit_models.CONTEXT_DIM))]]
+                  for text in (COND_TEXT, UNCOND_TEXT))
 
 
 def sample(comfy_nodes, model, family, seed=3, steps=2, references=None, latent_shape=None, conditioned=None):

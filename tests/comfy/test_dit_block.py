@@ -14,6 +14,12 @@ import logging
 
 import pytest
 import torch
+from helpers import (
+    another_nodes_replacement,
+    check_block_scope_is_seeded_and_not_the_attention_scope,
+    check_block_scope_off_is_the_model,
+    record_lengths,
+)
 
 from tome_harness import dit_models, host_reads
 
@@ -501,24 +507,6 @@ def test_a_per_frame_modulation_beside_a_reference_frame_runs_the_block_whole(pa
     assert "do not match its tokens one for one" in caplog.text
 
 
-def another_nodes_replacement(*keys):
-    """Another node's ``dit`` replacement on the blocks ``keys`` (``(kind, index)``), recording the image length
-    each call hands it and running the block: the function that puts it on a clone, and the record."""
-    seen = []
-
-    def block(args, extra):
-        seen.append(args["img"].shape[1])
-        return extra["original_block"](args)
-
-    def put(model):
-        model = model.clone()
-        for kind, index in keys:
-            model.set_model_patch_replace(block, "dit", kind, index)
-        return model
-
-    return put, seen
-
-
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_another_nodes_block_replacement_runs_on_the_reduced_tokens(comfy_nodes, pack, flux, when):
     """Another node's ``dit`` replacement on both blocks, put on the model before our node or after it: it still
@@ -571,17 +559,6 @@ def family_trace(model, family, calls):
             for i, module in enumerate(blocks)]
 
 
-def record_lengths(calls):
-    """An attention override noting the (query, key) lengths of every call, whatever the tensor layout."""
-
-    def record(func, *args, **kwargs):
-        axis = 2 if kwargs.get("skip_reshape", False) else 1  # [B, H, L, D] or [B, L, ...]
-        calls.append((args[0].shape[axis], args[1].shape[axis]))
-        return func(*args, **kwargs)
-
-    return record
-
-
 def family_traced(comfy_nodes, model, apply, family, references=None, conditioned=None):
     attention, blocks = [], []
     patched = apply(with_override(model, record_lengths(attention)))
@@ -628,27 +605,14 @@ def test_sd3_wan_and_qwen_image_blocks_and_their_attention_run_on_the_reduced_im
 @pytest.mark.parametrize("family", list(FAMILY_BLOCKS))
 def test_sd3_wan_and_qwen_image_ratio_0_factor_1_and_steps_outside_the_window_are_the_model_bit_for_bit(
         comfy_nodes, pack, family_models, family):
-    model = family_models[family]
-    reference = sample(comfy_nodes, model, family)
-    both = pack.dit.apply_tome_dit(pack.dit.apply_todo_dit(model, downsample_factor=2, **BLOCKS), ratio=0.5, **BLOCKS)
-    removed = pack.dit.apply_todo_dit(pack.dit.apply_tome_dit(both, ratio=0.0, **BLOCKS), downsample_factor=1,
-                                      **BLOCKS)
-    windowed = pack.dit.apply_tome_dit(model, ratio=0.5, start_percent=0.5, end_percent=0.6, **BLOCKS)
-    for patched in (removed, windowed):
-        torch.testing.assert_close(sample(comfy_nodes, patched, family), reference, rtol=0, atol=0)
-    reduced = sample(comfy_nodes, both, family)
-    assert torch.isfinite(reduced).all() and (reduced - reference).abs().max() > 1e-3
+    check_block_scope_off_is_the_model(pack, family_models[family], lambda m: sample(comfy_nodes, m, family), BLOCKS)
 
 
 @pytest.mark.parametrize("family", list(FAMILY_BLOCKS))
 def test_sd3_wan_and_qwen_image_same_seed_same_image_and_not_the_attention_scopes(comfy_nodes, pack, family_models,
                                                                                   family):
-    model = family_models[family]
-    block_scope = pack.dit.apply_tome_dit(model, ratio=0.5, seed=7, **BLOCKS)
-    first, second = sample(comfy_nodes, block_scope, family), sample(comfy_nodes, block_scope, family)
-    torch.testing.assert_close(first, second, rtol=0, atol=0)
-    attention_scope = sample(comfy_nodes, pack.dit.apply_tome_dit(model, ratio=0.5, seed=7), family)
-    assert (first - attention_scope).abs().max() > 1e-3
+    check_block_scope_is_seeded_and_not_the_attention_scope(pack, family_models[family],
+                                                            lambda m: sample(comfy_nodes, m, family), BLOCKS)
 
 
 @pytest.mark.parametrize("family", list(FAMILY_BLOCKS))

@@ -13,13 +13,22 @@ import logging
 
 import pytest
 import torch
+from helpers import (
+    BYT5,
+    COND_TEXT,
+    MOCHI_PROMPT,
+    UNCOND_TEXT,
+    VISION,
+    another_nodes_replacement,
+    check_block_scope_is_seeded_and_not_the_attention_scope,
+    check_block_scope_off_is_the_model,
+    dit_family_conds,
+    record_lengths,
+)
 
 from tome_harness import dit_models
 
-COND_TEXT, UNCOND_TEXT = 7, 5
 MERGED, POOLED = 15, 9
-BYT5, VISION = 4, 3  # HunyuanVideo 1.5's glyph and vision tokens join the text
-MOCHI_PROMPT = {COND_TEXT: 4, UNCOND_TEXT: UNCOND_TEXT}  # the prompt's own tokens of each text (its T5 mask)
 BLOCKS = dict(dit_scope="block", skip_first_blocks=0, skip_last_blocks=0)
 # Per model: its latent, its frames of 5x6 patches, and the text tokens each of cond and uncond brings to the
 # blocks' joint sequence (none: LTX-Video's text is cross-attention context).
@@ -39,37 +48,13 @@ def models(comfy_nodes):
     return {name: dit_models.build_dit_model(name) for name in MODELS}
 
 
-def clip_vision_output(**states):
-    import comfy.clip_vision
-
-    out = comfy.clip_vision.Output()
-    for name, value in states.items():
-        out[name] = value
-    return out
-
-
-def family_conds(family, text):
-    """What the family's text encoders add to a conditioning of ``text`` tokens."""
-    generator = torch.Generator().manual_seed(6)
-    if family == "ltxv":  # the text's mask, for cross-attention
-        return {"attention_mask": torch.ones(1, text, dtype=torch.long)}
-    if family == "hunyuan_video15":
-        return {"conditioning_byt5small": torch.randn(1, BYT5, 1472, generator=generator),
-                "clip_vision_output": clip_vision_output(
-                    last_hidden_state=torch.randn(1, VISION, dit_models.CONTEXT_DIM, generator=generator))}
-    if family == "mochi":  # ones over the prompt, zeros over its padding
-        mask = torch.zeros(1, text, dtype=torch.long)
-        mask[:, :MOCHI_PROMPT[text]] = 1
-        return {"attention_mask": mask}
-    return {}
-
-
 def sample(comfy_nodes, model, family, seed=3, extra=None, latent=None):
     """A real KSampler run at cfg 2, 2 steps; ``extra``: more conds for both; ``latent``: in place of zeros."""
     generator = torch.Generator().manual_seed(5)
     positive, negative = ([[torch.randn(1, text, dit_models.CONTEXT_DIM, generator=generator),
-                            {"pooled_output": torch.zeros(1, dit_models.CONTEXT_DIM), **family_conds(family, text),
-                             **(extra or {})}]] for text in (COND_TEXT, UNCOND_TEXT))
+                            {"pooled_output": torch.zeros(1, dit_models.CONTEXT_DIM),
+                             **dit_family_conds(family, text, dit_models.CONTEXT_DIM), **(extra or {})}]]
+                           for text in (COND_TEXT, UNCOND_TEXT))
     latent = latent or {"samples": torch.zeros(MODELS[family][0])}
     (out,) = comfy_nodes.KSampler().sample(model, seed, 2, 2.0, "euler", "normal", positive, negative, latent)
     return out["samples"]
@@ -90,17 +75,6 @@ def block_lists(net, family):
     if family.startswith("hunyuan"):
         return (("double", net.double_blocks), ("single", net.single_blocks))
     return (("double", net.blocks if family == "mochi" else net.transformer_blocks),)
-
-
-def record_lengths(calls):
-    """An attention override noting the (query, key) lengths of every call."""
-
-    def record(func, *args, **kwargs):
-        axis = 2 if kwargs.get("skip_reshape", False) else 1  # [B, H, L, D] or [B, L, ...]
-        calls.append((args[0].shape[axis], args[1].shape[axis]))
-        return func(*args, **kwargs)
-
-    return record
 
 
 def traced(comfy_nodes, model, apply, family, **run):
@@ -151,43 +125,13 @@ def test_every_block_and_its_attention_run_on_the_reduced_video_and_the_whole_te
 
 @pytest.mark.parametrize("family", list(MODELS))
 def test_ratio_0_factor_1_and_steps_outside_the_window_are_the_model_bit_for_bit(comfy_nodes, pack, models, family):
-    model = models[family]
-    reference = sample(comfy_nodes, model, family)
-    both = pack.dit.apply_tome_dit(pack.dit.apply_todo_dit(model, downsample_factor=2, **BLOCKS), ratio=0.5, **BLOCKS)
-    removed = pack.dit.apply_todo_dit(pack.dit.apply_tome_dit(both, ratio=0.0, **BLOCKS), downsample_factor=1,
-                                      **BLOCKS)
-    windowed = pack.dit.apply_tome_dit(model, ratio=0.5, start_percent=0.5, end_percent=0.6, **BLOCKS)
-    for patched in (removed, windowed):
-        torch.testing.assert_close(sample(comfy_nodes, patched, family), reference, rtol=0, atol=0)
-    reduced = sample(comfy_nodes, both, family)
-    assert torch.isfinite(reduced).all() and (reduced - reference).abs().max() > 1e-3
+    check_block_scope_off_is_the_model(pack, models[family], lambda m: sample(comfy_nodes, m, family), BLOCKS)
 
 
 @pytest.mark.parametrize("family", list(MODELS))
 def test_same_seed_same_video_and_not_the_attention_scopes(comfy_nodes, pack, models, family):
-    model = models[family]
-    block_scope = pack.dit.apply_tome_dit(model, ratio=0.5, seed=7, **BLOCKS)
-    first, second = sample(comfy_nodes, block_scope, family), sample(comfy_nodes, block_scope, family)
-    torch.testing.assert_close(first, second, rtol=0, atol=0)
-    attention_scope = sample(comfy_nodes, pack.dit.apply_tome_dit(model, ratio=0.5, seed=7), family)
-    assert (first - attention_scope).abs().max() > 1e-3
-
-
-def another_nodes_replacement(key):
-    """Another node's ``dit`` replacement on block ``key``, noting each call's image stream length: the function
-    that puts it on a clone, and the record."""
-    seen = []
-
-    def block(args, extra):
-        seen.append(args["img"].shape[1])
-        return extra["original_block"](args)
-
-    def put(model):
-        model = model.clone()
-        model.set_model_patch_replace(block, "dit", *key)
-        return model
-
-    return put, seen
+    check_block_scope_is_seeded_and_not_the_attention_scope(pack, models[family],
+                                                            lambda m: sample(comfy_nodes, m, family), BLOCKS)
 
 
 @pytest.mark.parametrize("family,key,text", [("hunyuan_video", ("single_block", 0), {COND_TEXT, UNCOND_TEXT}),
