@@ -70,7 +70,9 @@ all tokens.) Its output distance is that of the cut tokens passing through the b
 ``ideal-`` row's ``ideal`` is its own speed-up. ``block tokens``: the tokens each block ran on, in the order
 they run, text included where it comes apart (Flux's double blocks, SD3, Qwen-Image; Flux's single blocks
 hold it), counted in the warm-up forward (the Markdown runs them together: ``4608 (2), 2560 (4)``); a block
-row and its ideal twin give the same counts. With a few of a model's blocks (``--blocks``, ``--flux-blocks``)
+row and its ideal twin give the same counts. ``--reuse-blocks N``: also ``tome-R-block-skipF-L-reuseN``, ToMe
+with one matching for N consecutive blocks of a model call (``reuse_blocks``, no node input: docs/DITS.md "A
+matching reused"), beside its twin without it, whose ideal it reads. With a few of a model's blocks (``--blocks``, ``--flux-blocks``)
 the skipped ones weigh more than in the whole model: there ``0:0`` is the reduced blocks' speed-up x, and the
 whole model's with S of its K blocks skipped is about 1 / (S/K + (1 - S/K)/x).
 
@@ -270,7 +272,7 @@ def build(case: Case, dtype: torch.dtype, device: torch.device):
 
 
 def variants(dit, model, ratios, merges=("qkv", "kv"), time_factor=None, average=False,
-             scopes=(SCOPE_ATTENTION,), block_factors=(2,), skips=((0, 0), (2, 2))) -> dict:
+             scopes=(SCOPE_ATTENTION,), block_factors=(2,), skips=((0, 0), (2, 2)), reuse_blocks=()) -> dict:
     """The models to time, by name: ``none``, the attention scope's rows (``scopes`` holding it), then the block
     scope's, each followed by its ideal twin (``scopes`` holding it; see the module docstring)."""
     out = {"none": model}
@@ -285,7 +287,7 @@ def variants(dit, model, ratios, merges=("qkv", "kv"), time_factor=None, average
                 out[f"tome-{ratio}-{merge}"] = dit.apply_tome_dit(model, ratio=ratio,
                                                                   merge={"qkv": MERGE_QKV, "kv": MERGE_KV}[merge])
     if SCOPE_BLOCK in scopes:
-        out.update(block_variants(dit, model, ratios, block_factors, skips))
+        out.update(block_variants(dit, model, ratios, block_factors, skips, reuse_blocks))
     return out
 
 
@@ -294,9 +296,11 @@ def block_module(dit):
     return importlib.import_module(dit.__name__.rsplit(".", 1)[0] + ".comfyui_dit_block")
 
 
-def block_variants(dit, model, ratios, factors, skips) -> dict:
+def block_variants(dit, model, ratios, factors, skips, reuse_blocks=()) -> dict:
     """``dit_scope`` ``block``: ToMe at each ratio and ToDo at each factor, for each ``(first, last)`` of
-    ``skips``, each followed by its ideal twin; none for a model the block scope does not reach."""
+    ``skips``, each followed by its ideal twin, then ToMe with each of ``reuse_blocks`` (one matching for that
+    many blocks: ``...-reuseN``, whose ideal is its twin's without it); none for a model the block scope does not
+    reach."""
     family = dit.dit_family(model)
     if family not in block_module(dit).BLOCK_FAMILIES:
         print(f"dit_bench: {type(model.model).__name__} has no block scope: no block rows", file=sys.stderr)
@@ -310,6 +314,8 @@ def block_variants(dit, model, ratios, factors, skips) -> dict:
             model, downsample_factor=factor, **skip) for factor in factors})
         for name, real in reals.items():
             out[name], out[f"ideal-{name}"] = real, ideal_twin(dit, model, real, family)
+        out.update({f"tome-{ratio}-block-skip{first}-{last}-reuse{n}": dit.apply_tome_dit(
+            model, ratio=ratio, reuse_blocks=n, **skip) for ratio in ratios for n in reuse_blocks})
         if not block_module(dit).chosen_blocks(block_module(dit).block_keys(model, family), first, last):
             print(f"dit_bench: --skips {first}:{last} leaves none of this model's blocks reduced: its block rows "
                   "run as no patch does", file=sys.stderr)
@@ -543,7 +549,7 @@ def run_case(dit, case: Case, args, device, first: bool) -> list[dict]:
     model = build(case, dtype, device)
     inputs = make_inputs(case, dtype, device)
     models = variants(dit, model, args.ratio, args.merge, args.time_factor, args.average, args.scope,
-                      args.block_factor, args.skips)
+                      args.block_factor, args.skips, args.reuse_blocks)
     if not args.repeats and first:  # the first forward of a process pays one-time costs: not in the timed ones
         forward(model, inputs, device)
     distance, peaks, shares, costs, traced, matching, blocks = {}, {}, {}, {}, {}, {}, {}
@@ -568,8 +574,8 @@ def run_case(dit, case: Case, args, device, first: bool) -> list[dict]:
     for name in models:
         if name.startswith("ideal-"):  # the block scope's ideal: its own speed-up
             scope, ideal = "ideal", speed_up[name]
-        elif f"ideal-{name}" in models:  # a block row: its ideal twin's measured speed-up
-            scope, ideal = SCOPE_BLOCK, speed_up[f"ideal-{name}"]
+        elif f"ideal-{name.split('-reuse')[0]}" in models:  # a block row: its ideal twin's measured speed-up
+            scope, ideal = SCOPE_BLOCK, speed_up[f"ideal-{name.split('-reuse')[0]}"]
         else:  # the attention scope's formula
             scope = None if name == "none" else SCOPE_ATTENTION
             ideal = 1.0 / (1.0 - shares["none"] + shares["none"] * costs[name])
@@ -652,6 +658,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--skips", type=skip_pair, nargs="+", default=[(0, 0), (2, 2)], metavar="FIRST:LAST",
                         help="--scope block: skip_first_blocks:skip_last_blocks of each row (default 0:0 and the "
                              "nodes' default 2:2)")
+    parser.add_argument("--reuse-blocks", type=int, nargs="*", default=[],
+                        help="--scope block: also ToMe with one matching for this many consecutive blocks "
+                             "(reuse_blocks; each beside its twin without it and that twin's ideal)")
     parser.add_argument("--merge", nargs="+", choices=["qkv", "kv"], default=["qkv", "kv"],
                         help="ToMe: what is merged (q, k and v, or k and v only)")
     parser.add_argument("--time-factor", type=int, help="also ToDo 2 pooling this many frames (video models)")

@@ -20,7 +20,13 @@ panels:
 
 A block setting with skips is measured on the judge with its skips, but timed at real width on every block: its
 speed-up is the every-block one over the share of blocks the setting reduced on the judge (a block's share of
-the forward taken as equal): ``1 / (whole + reduced / s)``, drawn hollow.
+the forward taken as equal): ``1 / (whole + reduced / s)``, drawn hollow. A setting that reuses a matching
+("one matching a call": one for every block of a model call; "reuse N steps": a block's for N steps) is timed
+as its twin less the matchings it leaves out: ``s / (1 - m (1 - kept))``, ``m`` the matching's share of the
+twin's forward in the same run, ``kept`` the share of matchings still made (1 / the real model's reduced blocks;
+1 / N). On SD3.5 medium this gave 2.96x where the forward measured 3.02x, on its first 4 blocks 3.18x and 3.18x
+(``bench/records/speed/sd35m-1024px-bf16-epyc-block-reuse.json`` and ``docs/DITS.md``). Reusing a block's
+matching over steps changes no single prediction: like a step window, it is placed by its run alone.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ class Point:
     variant: str  # the speed bench's variant, in its family's run
     skips: tuple[int, int] | None = None  # a block setting's skips on the judge (None: not a block setting)
     start: float = 0.0  # its start_percent: the share of a run's steps it leaves whole
+    one_matching: bool = False  # one matching serves every block of a model call (reuse_blocks)
+    reuse_steps: int = 1  # a block's matching serves this many steps
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,7 @@ class Family:
     judge: str  # the trained layout whose rows give the costs
     recommended: str  # the README's conservative row on this family (its quality bench name)
     run: str  # the speed bench's run its points are timed in: its record's name in bench/records/speed
+    depth: int  # the real model's blocks (one matching a call leaves out all but one of its reduced blocks')
     points: tuple[Point, ...]
 
     @property
@@ -62,16 +71,18 @@ class Family:
         return ROOT / "docs" / f"frontier-{self.name.lower().replace('.', '')}.png"
 
 
-def _family(name: str, judge: str, recommended: str, run: str, attention: dict[str, str],
+def _family(name: str, judge: str, recommended: str, run: str, depth: int, attention: dict[str, str],
             block: dict[str, str]) -> Family:
     """Every point timed in the speed bench's ``run``. ``attention``: setting -> its variant, timed as it runs;
     ``block``: setting -> the every-block variant of a block setting, placed with the skips its name says (the
-    default where it names none); each with the start its name says ("from 0.2"; else 0)."""
+    default where it names none) and the reuse of a matching it names; each with the start its name says
+    ("from 0.2"; else 0)."""
     points = [Point(setting, variant, start=start_of(setting)) for setting, variant in attention.items()]
     for setting, variant in block.items():
         skips = (0, 0) if "all blocks" in setting else (1, 1) if "skip 1:1" in setting else DEFAULT_SKIPS
-        points.append(Point(setting, variant, skips, start_of(setting)))
-    return Family(name, judge, recommended, run, tuple(points))
+        steps = int(setting.split("reuse ")[1].split()[0]) if "reuse " in setting else 1
+        points.append(Point(setting, variant, skips, start_of(setting), "one matching a call" in setting, steps))
+    return Family(name, judge, recommended, run, depth, tuple(points))
 
 
 def start_of(setting: str) -> float:
@@ -83,23 +94,26 @@ def start_of(setting: str) -> float:
 BLOCK = {"ToMe 0.3 block": "tome-0.3-block-skip0-0", "ToMe 0.3 block, all blocks": "tome-0.3-block-skip0-0",
          "ToMe 0.5 block": "tome-0.5-block-skip0-0", "ToMe 0.5 block, skip 1:1": "tome-0.5-block-skip0-0",
          "ToMe 0.5 block, all blocks": "tome-0.5-block-skip0-0", "ToMe 0.5 block from 0.2": "tome-0.5-block-skip0-0",
-         "ToDo 2 block": "todo-2-block-skip0-0"}
+         "ToMe 0.5 block, one matching a call": "tome-0.5-block-skip0-0",
+         "ToMe 0.5 block, skip 1:1, one matching a call": "tome-0.5-block-skip0-0",
+         "ToMe 0.5 block, reuse 2 steps": "tome-0.5-block-skip0-0", "ToMe 0.5 block, reuse 4 steps":
+         "tome-0.5-block-skip0-0", "ToDo 2 block": "todo-2-block-skip0-0"}
 ATTENTION = {"ToDo 2": "todo-2", "ToDo 2 from 0.3": "todo-2", "ToMe 0.3": "tome-0.3-qkv", "ToMe 0.5": "tome-0.5-qkv",
              "ToMe 0.5 k and v only": "tome-0.5-kv"}
 FAMILIES = (
-    _family("SD3.5", "sd35-512", "ToDo 2", "sd35m-1024px-bf16-amx", ATTENTION, BLOCK),
-    _family("Flux", "flux-512", "ToDo 2 average", "flux-2d4s-1024px-fp32",
+    _family("SD3.5", "sd35-512", "ToDo 2", "sd35m-1024px-bf16-amx", 24, ATTENTION, BLOCK),
+    _family("Flux", "flux-512", "ToDo 2 average", "flux-2d4s-1024px-fp32", 57,
             ATTENTION | {"ToDo 2 average": "todo-2-average"}, BLOCK),
-    _family("Wan", "wan21-512", "ToDo 2", "wan13b-81f-1block-fp32",
+    _family("Wan", "wan21-512", "ToDo 2", "wan13b-81f-1block-fp32", 30,
             ATTENTION | {"ToDo 2 time_factor 2": "todo-2-t2"}, BLOCK),
 )
 # The step cache's rows: EasyCache alone runs every forward at full speed; stacked, at the recommended setting's.
 CACHE_ALONE, CACHE_STACKED = "EasyCache", "EasyCache + ToDo 2 auto"
 
 
-def speed_rows() -> dict[str, dict[str, float]]:
-    """Every committed speed-up, by run (a record of ``bench/records/speed``, by its name), then variant."""
-    return {path.stem: {row["variant"]: row["speed-up"] for row in json.loads(path.read_text())["rows"]}
+def speed_rows() -> dict[str, dict[str, dict]]:
+    """Every committed speed row, by run (a record of ``bench/records/speed``, by its name), then variant."""
+    return {path.stem: {row["variant"]: row for row in json.loads(path.read_text())["rows"]}
             for path in sorted((RECORDS / "speed").glob("*.json"))}
 
 
@@ -121,13 +135,16 @@ def reduced_share(point: Point, blocks: int) -> float:
     return max(blocks - first - last, 0) / blocks
 
 
-def forward_speed(point: Point, run: dict[str, float], blocks: int) -> float:
-    """The forward's speed-up of ``point`` in ``run`` (its family's speed-ups by variant; a block setting's over
-    its share of blocks)."""
-    every = run[point.variant]
+def forward_speed(point: Point, run: dict[str, dict], blocks: int, depth: int) -> float:
+    """The forward's speed-up of ``point`` in ``run`` (its family's speed rows by variant; a block setting's over
+    its share of blocks, less the matchings it reuses: averaged over a run's forwards)."""
+    every = run[point.variant]["speed-up"]
     if point.skips is None:
         return every
     share = reduced_share(point, blocks)
+    kept = 1 / max(round(share * depth), 1) if point.one_matching else 1.0
+    kept /= point.reuse_steps
+    every /= 1 - run[point.variant]["matching share"] * (1 - kept)
     return 1 / ((1 - share) + share / every)
 
 
@@ -142,11 +159,12 @@ class Placed:
     recommended: bool
     step_cache: bool = False  # changes no single prediction
     start: float = 0.0  # a step window's start: at half the schedule it is its whole-schedule twin
+    reuse_steps: int = 1  # a matching reused over steps: at half the schedule it is its twin too
 
     @property
     def run_only(self) -> bool:
         """Placed by its run alone: the rule and the x0 panel leave it out."""
-        return self.step_cache or self.start > 0
+        return self.step_cache or self.start > 0 or self.reuse_steps > 1
 
 
 def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
@@ -170,13 +188,14 @@ def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
         row = costs.get((family.judge, point.setting))
         if row is None or point.variant not in run:
             continue
-        add(point.setting, row, forward_speed(point, run, blocks), point.start,
-            estimated=point.skips not in (None, (0, 0)), recommended=point.setting == family.recommended)
+        add(point.setting, row, forward_speed(point, run, blocks, family.depth), point.start,
+            estimated=point.skips not in (None, (0, 0)), recommended=point.setting == family.recommended,
+            reuse_steps=point.reuse_steps)
     for setting, under in ((CACHE_ALONE, None), (CACHE_STACKED, family.recommended)):
         row = costs.get((family.judge, setting))
         if row is None or (under is not None and under not in by_setting):
             continue
-        forward = 1.0 if under is None else forward_speed(by_setting[under], run, blocks)
+        forward = 1.0 if under is None else forward_speed(by_setting[under], run, blocks, family.depth)
         add(setting, row, forward, estimated=False, recommended=False, step_cache=True)
     return placed
 
@@ -197,7 +216,8 @@ def table(family: Family, placed: list[Placed]) -> str:
     for p in sorted(placed, key=lambda p: p.forward):
         marks = [m for m, on in (("conservative row", p.recommended), ("fastest under the rule", p is fast),
                                  ("speed over its share of blocks", p.estimated),
-                                 (f"its first {p.start:.0%} of the steps whole", p.start > 0)) if on]
+                                 (f"its first {p.start:.0%} of the steps whole", p.start > 0),
+                                 ("at 50% its twin: placed by its run", p.reuse_steps > 1)) if on]
         out.append(f"| {p.setting} | {p.forward:.2f}x | {p.run:.2f}x | {p.x0_change:.3f} | {p.sample_psnr:.1f} | "
                    f"{', '.join(marks)} |")
     return "\n".join(out) + "\n"

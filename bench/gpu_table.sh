@@ -14,7 +14,8 @@
 # 832x480 x 81 frames, HunyuanVideo (10 of its 20 double blocks) at 848x480 x 61 frames, LTX-Video 2B (all 28
 # blocks) at 768x512 x 121 frames, Mochi (12 of 48 blocks) at 848x480 x 85 frames; ToMe 0.5 and ToDo 2 at
 # dit_scope block with skips 0:0, the default 2:2 and SD3.5's fast row's 3:3, each beside its ideal (the same
-# blocks on as many tokens, reduced for free), and the attention scope's ToDo 2 and ToMe 0.5.
+# blocks on as many tokens, reduced for free), ToMe 0.5 with one matching for every block of a model call beside
+# them (reuse_blocks 100: what a GPU saves by it), and the attention scope's ToDo 2 and ToMe 0.5.
 # And issue 27's counts (bench/host_reads_bench.py): the host reads, blocking copies and operators each node
 # adds to a model call of SD1.5, SDXL, Flux and Wan; they do not depend on the device and are counted on the CPU.
 #
@@ -57,7 +58,7 @@ else
 fi
 video_common=(--blocks 4 --ratio 0.5 0.75 --merge kv --time-factor 2 --repeats "$repeats")
 block_common=(--scope attention block --ratio 0.5 --merge qkv kv --block-factor 2 --skips 0:0 2:2 3:3
-              --repeats "$repeats")
+              --reuse-blocks 100 --repeats "$repeats")
 if [ "$smoke" = 0 ]; then video_common+=(--dtype bf16); block_common+=(--dtype bf16); fi
 common=(--dtype fp16 --attention sdpa --variants core ours-qkv fast --todo 2 --memory in-process
         --repeats "$repeats" --out "$out" "${narrow[@]}")

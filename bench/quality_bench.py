@@ -84,6 +84,13 @@ def todo(factor: int, method: str = "nearest", **inputs) -> Callable:
                                                               **inputs)
 
 
+def block_reuse(**inputs) -> Callable:
+    """ToMe 0.5 at the block scope with one matching for several blocks (``reuse_blocks``: no node input)."""
+    from tome.hosts.comfyui_dit import SCOPE_BLOCK
+
+    return lambda pack, model, layout: pack.dit.apply_tome_dit(model, ratio=0.5, dit_scope=SCOPE_BLOCK, **inputs)
+
+
 def core(ratio: float) -> Callable:
     return lambda pack, model, layout: pack.nodes_module.NODE_CLASS_MAPPINGS["TomePatchModel"].execute(
         model, ratio=ratio).result[0]
@@ -101,7 +108,7 @@ def easycache(then: Callable | None = None) -> Callable:
 
 def settings() -> list[Setting]:
     from tome.downsample import AVERAGE
-    from tome.hosts.comfyui_dit import SCOPE_BLOCK
+    from tome.hosts.comfyui_dit import MAX_REUSE_BLOCKS, SCOPE_BLOCK
     from tome.hosts.comfyui_models import AUTO
     from tome.hosts.comfyui_unet import MERGE_KV, MERGE_Q, SCOPE_ALL, SCOPE_CROSS
     from tome.merge import PRUNE
@@ -149,6 +156,13 @@ def settings() -> list[Setting]:
                                                  skip_last_blocks=1), dit_only=True),
         Setting("ToMe 0.3 block, all blocks", tome(0.3, dit_scope=SCOPE_BLOCK, skip_first_blocks=0,
                                                    skip_last_blocks=0), dit_only=True),
+        # One matching serving several blocks of a model call, or a block's matching several steps (issue 33:
+        # reuse where the bench shows it free).
+        Setting("ToMe 0.5 block, one matching a call", block_reuse(reuse_blocks=MAX_REUSE_BLOCKS), dit_only=True),
+        Setting("ToMe 0.5 block, skip 1:1, one matching a call", block_reuse(
+            reuse_blocks=MAX_REUSE_BLOCKS, skip_first_blocks=1, skip_last_blocks=1), dit_only=True),
+        Setting("ToMe 0.5 block, reuse 2 steps", tome(0.5, dit_scope=SCOPE_BLOCK, reuse_steps=2), dit_only=True),
+        Setting("ToMe 0.5 block, reuse 4 steps", tome(0.5, dit_scope=SCOPE_BLOCK, reuse_steps=4), dit_only=True),
         Setting("prune 0.5 block", tome(0.5, dit_scope=SCOPE_BLOCK, reduce=PRUNE), dit_only=True),
         Setting("ToDo 2 block", todo(2, dit_scope=SCOPE_BLOCK), dit_only=True),
         Setting("ToDo 2 average block", todo(2, method=AVERAGE, dit_scope=SCOPE_BLOCK), dit_only=True),

@@ -179,11 +179,13 @@ def test_gpu_table_smoke_runs_on_the_cpu(tmp_path):
     block = [line.split("|") for line in table.split("## Block scope")[1].splitlines()
              if line.startswith("| tiny-flux-5blocks fp32 cpu |")]
     assert [row[3].strip() for row in block] == ["none", "todo-2", "tome-0.5-qkv", "tome-0.5-kv"] + [
-        f"{prefix}{name}-block-skip{skips}" for skips in ("0-0", "2-2", "3-3") for name in ("tome-0.5", "todo-2")
-        for prefix in ("", "ideal-")]
-    skipped = ["263 (2), 135 (1), 263 (2)"] * 2 + ["263 (2), 71 (1), 263 (2)"] * 2  # text 7 + image 256, 128, 64
-    assert [row[11].strip() for row in block[-8:-4]] == skipped
-    assert [row[11].strip() for row in block[-4:]] == ["263 (5)"] * 4  # 3 and 3 of 5 blocks: none reduced
+        variant for skips in ("0-0", "2-2", "3-3") for variant in [
+            f"{prefix}{name}-block-skip{skips}" for name in ("tome-0.5", "todo-2") for prefix in ("", "ideal-")]
+        + [f"tome-0.5-block-skip{skips}-reuse100"]]
+    # text 7 + image 256, 128, 64 (ToMe reusing a matching: its twin's counts)
+    skipped = ["263 (2), 135 (1), 263 (2)"] * 2 + ["263 (2), 71 (1), 263 (2)"] * 2 + ["263 (2), 135 (1), 263 (2)"]
+    assert [row[11].strip() for row in block[-10:-5]] == skipped
+    assert [row[11].strip() for row in block[-5:]] == ["263 (5)"] * 5  # 3 and 3 of 5 blocks: none reduced
     assert "| SD1.5 | Apply ToMe | 1.00 | 0.00 |" in table  # the counts: one host read per model call
 
 
@@ -229,6 +231,20 @@ def test_dit_bench_block_rows_run_on_the_reduced_tokens_beside_their_ideal(pack,
     table = bench.markdown(rows)
     assert f"| {full} (2), {tome} (1), {full} (2) |" in table and f"| {todo} (5) |" in table
     json.dumps(rows)
+
+
+def test_dit_bench_reuse_rows_run_on_their_twins_tokens_and_read_its_ideal(pack):
+    bench = load_bench("dit_bench")
+    args = bench.parse_args(["--model", "tiny", "--blocks", "5", "--scope", "block", "--block-factor", "--skips",
+                             "0:0", "--reuse-blocks", "5", "--dtype", "fp32", "--repeats", "0"])
+    (case,) = [case for case in bench.cases_of(args) if case.name == "tiny-flux-5blocks"]
+    by_name = {row["variant"]: row for row in bench.run_case(pack.dit, case, args, torch.device("cpu"), first=True)}
+    assert list(by_name) == ["none", "tome-0.5-block-skip0-0", "ideal-tome-0.5-block-skip0-0",
+                             "tome-0.5-block-skip0-0-reuse5"]
+    reused, twin = by_name["tome-0.5-block-skip0-0-reuse5"], by_name["tome-0.5-block-skip0-0"]
+    assert reused["scope"] == "block" and reused["ideal"] == by_name["ideal-tome-0.5-block-skip0-0"]["speed-up"]
+    assert reused["block tokens"] == twin["block tokens"]
+    assert reused["matching share"] > 0 and reused["relative distance"] != twin["relative distance"]  # reused
 
 
 def test_dit_bench_block_rows_reach_sd3_and_qwen_image_and_skip_the_rest(pack):

@@ -528,6 +528,96 @@ def test_a_block_replacement_that_skips_the_block_leaves_every_image_token_as_it
     torch.testing.assert_close(out["img"], given["img"], rtol=0, atol=0)
 
 
+# A matching reused: across the blocks of a model call (reuse_blocks: measured, not offered by a node) and across
+# a block's steps (reuse_steps, Apply ToMe (Advanced)); docs/DITS.md "A matching reused".
+
+def merged_together(block, tome, key, options, seed):
+    """One call of our replacement of Flux's double block ``key`` (of three) on random image tokens
+    (``seed``), with ``options`` (a model call's, shared by the calls of one model call): which image tokens
+    the block merged together, as the groups of equal change (the block changes each token by a function of
+    it alone), a frozenset per batch element."""
+    from tome_harness import comfyui as comfyui_host
+
+    dit = comfyui_host.pack_module("tome.hosts.comfyui_dit")
+    families = comfyui_host.pack_module("tome.hosts.dit_families")
+    generator = torch.Generator().manual_seed(seed)
+    img, txt = torch.randn(2, IMAGE, 8, generator=generator), torch.randn(2, COND_TEXT, 8, generator=generator)
+    weight = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+    options.setdefault(dit.LAYOUT_KEY, families.flux_layout((2, 16, 10, 12), 2, COND_TEXT))
+    keys = tuple(("double_block", i) for i in range(3))
+    replacement = block.BlockReduction(block.BlockScope(None, tome, keys, "flux"), key)
+    args = {"img": img, "txt": txt, "vec": None, "transformer_options": options,
+            "pe": torch.randn(1, 1, COND_TEXT + IMAGE, 2, 2, 2, generator=generator)}
+    reduced = []
+
+    def run(a):
+        reduced.append(torch.tanh(a["img"] @ weight))
+        return {"img": a["img"] + reduced[-1], "txt": a["txt"]}
+
+    change = replacement(args, {"original_block": run})["img"] - img
+    # Each token's change is one reduced token's (up to rounding): the tokens given the same one were merged.
+    given = torch.cdist(change, reduced[0], compute_mode="donot_use_mm_for_euclid_dist").argmin(dim=-1)
+    return [frozenset(frozenset(torch.nonzero(given[b] == k).flatten().tolist()) for k in given[b].unique().tolist())
+            for b in range(2)]
+
+
+def reusing(pack, **changes):
+    keys = frozenset(("double_block", i) for i in range(3))
+    return pack.dit.DiTToMe(0.5, 2, 2, pack.comfyui.Reach(1), scope="block", blocks=keys, **changes)
+
+
+@pytest.mark.parametrize("reuse_blocks", [1, 2])
+def test_reuse_blocks_blocks_of_a_model_call_merge_the_tokens_the_first_of_them_matched(pack, block, reuse_blocks):
+    tome = reusing(pack, reuse_blocks=reuse_blocks)
+    options = {}  # one model call: its ModelCall, made by the first block, serves the three
+    first, second, third = (merged_together(block, tome, ("double_block", i), options, seed=i) for i in range(3))
+    assert all(len(groups) == MERGED for groups in first)  # 15 merged tokens: the groups of the first matching
+    assert (second == first) == (reuse_blocks == 2)  # other tokens, the same groups: the first block's matching
+    assert third != first  # the third block matches afresh
+    assert merged_together(block, tome, ("double_block", 1), {}, seed=1) != first  # another call: its own
+
+
+def test_reuse_steps_a_blocks_matching_serves_its_next_steps_per_batch_of_conds(pack, block):
+    """Steps at sigma 10, 8 and 6 of a run keeping plans (each step a model call of its own): with reuse_steps
+    2, the step at 8 merges the tokens the step at 10 matched, the step at 6 matches afresh; another batch of
+    conds and another block keep their own."""
+    run, schedule = pack.comfyui.SamplingRun(keeps_plans=True), torch.tensor([10.0, 8.0, 6.0, 0.0])
+    tome = reusing(pack, reuse_steps=2)
+
+    def step(sigma, key=("double_block", 0), uuids=("cond", "uncond"), seed=0):
+        options = {"sigmas": torch.tensor([sigma]), "sample_sigmas": schedule, pack.comfyui.RUN_KEY: run,
+                   "uuids": uuids}
+        return merged_together(block, tome, key, options, seed=seed)
+
+    first = step(10.0)
+    other_block, other_batch = step(10.0, key=("double_block", 1), seed=3), step(10.0, uuids=("cond",), seed=4)
+    assert step(8.0, seed=1) == first
+    assert step(8.0, key=("double_block", 1), seed=5) == other_block != first
+    assert step(8.0, uuids=("cond",), seed=6) == other_batch != first
+    assert step(6.0, seed=2) != first
+
+
+def test_reuse_steps_through_the_sampler_same_seed_same_image_same_token_counts(comfy_nodes, pack, flux, caplog):
+    """Apply ToMe (Advanced)'s reuse_steps acts at the block scope (3 steps: the second reuses the first's
+    matchings); at the attention scope it is ignored with a warning."""
+    def advanced(reuse_steps, dit_scope="block"):
+        return pack.nodes.ApplyToMeAdvanced.execute(
+            model=flux, ratio=0.5, stride_x=2, stride_y=2, max_downsample="auto", seed=7, use_rand=True,
+            merge="q, k and v", start_percent=0.0, end_percent=1.0, reuse_steps=reuse_steps, dit_scope=dit_scope,
+            skip_first_blocks=0, skip_last_blocks=0).result[0]
+
+    reused = advanced(2)
+    samples = [sample(comfy_nodes, reused, steps=3) for _ in range(2)]
+    torch.testing.assert_close(samples[0], samples[1], rtol=0, atol=0)
+    assert torch.isfinite(samples[0]).all()
+    assert (samples[0] - sample(comfy_nodes, advanced(1), steps=3)).abs().max() > 1e-4
+    assert traced(comfy_nodes, flux, lambda m: advanced(2))[1] == traced(comfy_nodes, flux, lambda m: advanced(1))[1]
+    with caplog.at_level(logging.WARNING):
+        attention = advanced(3, dit_scope="attention")
+    assert "reuse_steps=3 has no meaning at dit_scope 'attention'" in caplog.text
+    assert attention.model_options["transformer_options"]["optimized_attention_override"].tome.reuse_steps == 1
+
+
 def test_flux_through_the_sampler_same_seed_same_image_and_not_the_attention_scopes(comfy_nodes, pack, flux):
     block_scope = pack.dit.apply_tome_dit(flux, ratio=0.5, seed=7, **BLOCKS)
     first, second = sample(comfy_nodes, block_scope), sample(comfy_nodes, block_scope)
@@ -795,11 +885,14 @@ def test_the_nodes_pass_the_block_inputs_and_a_u_net_warns_that_they_mean_nothin
 
 
 @pytest.mark.parametrize("name", ["Flux", "Wan 2.1"])
-@pytest.mark.parametrize("node", ["tome", "todo"])
+@pytest.mark.parametrize("node", ["tome", "tome reuse", "todo"])
 def test_the_block_scope_reads_the_host_at_most_once_per_model_call_and_never_blocks(comfy_nodes, pack, node, name):
-    """A window (the sigma read once per model call) and use_rand (seeded from that same read)."""
+    """A window (the sigma read once per model call) and use_rand (seeded from that same read); reuse_steps
+    (the run's schedule read in its first call's sigma read)."""
     base = host_reads.build_model(name)
     apply = {"tome": lambda: pack.dit.apply_tome_dit(base, ratio=0.5, end_percent=0.7, **BLOCKS),
+             "tome reuse": lambda: pack.dit.apply_tome_dit(base, ratio=0.5, end_percent=0.7, reuse_steps=2,
+                                                           reuse_blocks=2, **BLOCKS),
              "todo": lambda: pack.dit.apply_todo_dit(base, downsample_factor=2, end_percent=0.7, **BLOCKS)}[node]
     host_reads.count_sampling(comfy_nodes, apply(), name)  # first-run work
     plain = host_reads.count_sampling(comfy_nodes, base, name)
@@ -833,9 +926,10 @@ def test_compiled_equals_uncompiled_for_differently_set_clones_and_a_rerun_compi
     settings = [lambda m: pack.dit.apply_tome_dit(m, ratio=0.5, **BLOCKS),
                 lambda m: pack.dit.apply_tome_dit(m, ratio=0.3, dit_scope="block", skip_first_blocks=1,
                                                   skip_last_blocks=0),
-                lambda m: pack.dit.apply_todo_dit(m, downsample_factor=2, end_percent=0.5, **BLOCKS)]
+                lambda m: pack.dit.apply_todo_dit(m, downsample_factor=2, end_percent=0.5, **BLOCKS),
+                lambda m: pack.dit.apply_tome_dit(m, ratio=0.5, reuse_steps=2, reuse_blocks=2, **BLOCKS)]
     references = [sample(comfy_nodes, apply(flux)) for apply in settings]
-    for a, b in [(0, 1), (0, 2), (1, 2)]:
+    for a, b in [(0, 1), (0, 2), (1, 2), (0, 3)]:
         assert (references[a] - references[b]).abs().max() > 0.1
     for apply, reference in zip(settings, references, strict=True):
         torch.testing.assert_close(sample(comfy_nodes, apply(compiled)), reference, rtol=1e-4, atol=1e-4)

@@ -5,6 +5,7 @@ trained or downloaded here. The photographs are Debian's ``mate-backgrounds`` an
 """
 
 import json
+import re
 import subprocess
 import sys
 
@@ -146,8 +147,8 @@ def test_the_quality_bench_smoke_run_measures_every_setting(comfy_nodes, tmp_pat
     def skipped(setting):
         if "all blocks" in setting:
             return 0
-        first, _, last = setting.partition("skip ")[2].partition(":")
-        return int(first) + int(last) if last else 4
+        named = re.search(r"skip (\d+):(\d+)", setting)
+        return int(named[1]) + int(named[2]) if named else 4
 
     for row in rows:
         assert row["x0 error 0.5"]["mean"] > 0
@@ -235,13 +236,13 @@ def test_a_block_setting_is_timed_over_the_share_of_blocks_it_reduced_on_its_jud
     judge reduce 5: 1 / (4/9 + 5/9 / s); a run's speed-up multiplies a forward's by the block calls a step cache
     left out."""
     frontier = load_bench("frontier")
-    speeds = {"m": {"v": 2.5}}
+    speeds = {"m": {"v": {"speed-up": 2.5, "matching share": 0.04}}}
     every = frontier.Point("ToMe 0.5 block, all blocks", "v", (0, 0))
     default = frontier.Point("ToMe 0.5 block", "v", frontier.DEFAULT_SKIPS)
     assert frontier.judge_blocks("flux-512") == 9
-    assert frontier.forward_speed(every, speeds["m"], 9) == pytest.approx(2.5)
-    assert frontier.forward_speed(default, speeds["m"], 9) == pytest.approx(1 / (4 / 9 + 5 / 9 / 2.5))
-    family = frontier.Family("F", "flux-512", "ToMe 0.5 block, all blocks", "m", (every,))
+    assert frontier.forward_speed(every, speeds["m"], 9, 57) == pytest.approx(2.5)
+    assert frontier.forward_speed(default, speeds["m"], 9, 57) == pytest.approx(1 / (4 / 9 + 5 / 9 / 2.5))
+    family = frontier.Family("F", "flux-512", "ToMe 0.5 block, all blocks", "m", 57, (every,))
     row = {"x0 change 0.5": {"mean": 0.1}, "sample PSNR": {"mean": 30.0}}
     costs = {("flux-512", every.setting): row,
              ("flux-512", frontier.CACHE_STACKED): dict(row, **{"sample block calls": {"ran": 90, "unpatched": 180}})}
@@ -256,10 +257,10 @@ def test_a_step_window_runs_its_first_steps_whole_and_is_placed_by_its_run_alone
     it is its whole-schedule twin, so the rule passes it over even where it is cheaper."""
     frontier = load_bench("frontier")
     assert frontier.start_of("ToMe 0.5 block from 0.2") == 0.2 and frontier.start_of("ToDo 2") == 0.0
-    speeds = {"m": {"v": 2.5}}
+    speeds = {"m": {"v": {"speed-up": 2.5, "matching share": 0.0}}}
     window = frontier.Point("ToDo 2 from 0.3", "v", start=0.3)
     twin = frontier.Point("ToDo 2", "v")
-    family = frontier.Family("F", "flux-512", "ToDo 2", "m", (window, twin))
+    family = frontier.Family("F", "flux-512", "ToDo 2", "m", 57, (window, twin))
     costs = {("flux-512", "ToDo 2 from 0.3"): {"x0 change 0.5": {"mean": 0.1}, "sample PSNR": {"mean": 30.0}},
              ("flux-512", "ToDo 2"): {"x0 change 0.5": {"mean": 0.2}, "sample PSNR": {"mean": 20.0}}}
     placed = {p.setting: p for p in frontier.place(family, speeds, costs)}
@@ -267,3 +268,27 @@ def test_a_step_window_runs_its_first_steps_whole_and_is_placed_by_its_run_alone
     assert placed["ToDo 2 from 0.3"].run == pytest.approx(1 / (0.3 + 0.7 / 2.5))
     assert placed["ToDo 2"].run == pytest.approx(2.5)
     assert frontier.fast_choice(list(placed.values())).setting == "ToDo 2"
+
+
+def test_a_reused_matching_is_timed_as_its_twin_less_the_matchings_it_leaves_out():
+    """One matching a call on every block of a 24-block model keeps 1 of 24 matchings; reuse 2 steps keeps half
+    of them, and at half the schedule it is its twin, so it is placed by its run alone (as a window is)."""
+    frontier = load_bench("frontier")
+    names = {"ToMe 0.5 block, all blocks": "v", "ToMe 0.5 block, one matching a call": "v",
+             "ToMe 0.5 block, reuse 2 steps": "v"}
+    family = frontier._family("F", "sd35-512", "ToMe 0.5 block, all blocks", "m", 24, {}, names)
+    points = {p.setting: p for p in family.points}
+    one, steps = points["ToMe 0.5 block, one matching a call"], points["ToMe 0.5 block, reuse 2 steps"]
+    assert (one.one_matching, one.reuse_steps, steps.one_matching, steps.reuse_steps) == (True, 1, False, 2)
+    run = {"v": {"speed-up": 2.0, "matching share": 0.06}}
+    every = frontier.Point("ToMe 0.5 block, all blocks", "v", (0, 0), one_matching=True)
+    assert frontier.forward_speed(every, run, 8, 24) == pytest.approx(2.0 / (1 - 0.06 * 23 / 24))
+    twin_row = {"x0 change 0.5": {"mean": 0.2}, "sample PSNR": {"mean": 20.0}}
+    costs = {("sd35-512", name): twin_row for name in names}
+    placed = {p.setting: p for p in frontier.place(family, {"m": run}, costs)}
+    assert placed["ToMe 0.5 block, reuse 2 steps"].run_only
+    assert not placed["ToMe 0.5 block, one matching a call"].run_only
+    assert frontier.fast_choice([placed["ToMe 0.5 block, reuse 2 steps"]]) is None  # the rule passes it over
+    twin = frontier.forward_speed(frontier.Point("ToMe 0.5 block", "v", (2, 2)), run, 8, 24)
+    reused = placed["ToMe 0.5 block, reuse 2 steps"].forward
+    assert reused == pytest.approx(1 / (0.5 + 0.5 / (2.0 / (1 - 0.06 / 2)))) and reused > twin

@@ -238,8 +238,8 @@ def run_dit(comfy_nodes, model, family, calls, caplog):
 @pytest.mark.parametrize("node", ["ApplyToMe", "ApplyToDo"])
 @pytest.mark.parametrize("family", ["flux", "wan21"])
 def test_step_caches_with_each_node_on_dits(comfy_nodes, pack, dits, family, node, cache, order, caplog):
-    """Apply ToMe (Advanced) is Apply ToMe on a DiT (its reuse_steps and scope are ignored there), so the two
-    plain nodes cover the DiTs."""
+    """Apply ToMe (Advanced) at the attention scope is Apply ToMe on a DiT (its reuse_steps and scope are ignored
+    there), so the two plain nodes cover the DiTs."""
     calls = []
 
     def record(func, *args, **kwargs):

@@ -65,19 +65,30 @@ class ModelCall:
     ``sigma()``: the sampler's sigma, read from the ``sigmas`` tensor by the
     first block that needs it and kept: on a GPU a read waits until all queued
     work has run, so a read per block (16 in an SD1.5 call) would stall the
-    queue 16 times. ``next_attention()``: the index of the call's next image
-    attention call (the DiT's seeds). A model call runs in one thread (cond and
-    uncond in two threads are two calls), so nothing here needs a lock.
+    queue 16 times. Where the call's sampling ``run`` keeps plans across steps
+    and has not read its ``schedule`` yet, the same read brings the schedule
+    (its first call would otherwise wait twice). ``next_attention()``: the index
+    of the call's next image attention call (the DiT's seeds). ``block_plan()``:
+    the block scope's merge plan, kept for the next blocks of the call
+    (``reuse_blocks``). A model call runs in one thread (cond and uncond in two
+    threads are two calls), so nothing here needs a lock.
     """
 
-    def __init__(self, sigmas: torch.Tensor | None):
+    def __init__(self, sigmas: torch.Tensor | None, run: SamplingRun | None = None,
+                 schedule: torch.Tensor | None = None):
         self._sigmas = sigmas
         self._sigma: float | None = None
+        self._run = run
+        self._schedule = schedule
         self._attention_calls = 0
+        self._block_plan: tuple[int, Hashable, object] | None = None  # (the block it was made at, its tokens, plan)
 
     def sigma(self) -> float | None:
         if self._sigma is None and self._sigmas is not None:
-            self._sigma = float(self._sigmas.flatten()[0])
+            if self._wants_schedule():
+                self._read_sigma(None)
+            else:
+                self._sigma = float(self._sigmas.flatten()[0])
         return self._sigma
 
     def read(self, values: torch.Tensor) -> list[float]:
@@ -85,15 +96,40 @@ class ModelCall:
         the sigma read in the same one where it is not read yet: one wait for a GPU's queue instead of two."""
         if self._sigma is not None or self._sigmas is None:
             return values.tolist()
+        return self._read_sigma(values)
+
+    def _wants_schedule(self) -> bool:
+        return self._run is not None and self._schedule is not None and self._run.needs_schedule()
+
+    def _read_sigma(self, values: torch.Tensor | None) -> list[float]:
+        """One host read of the sigma, the run's schedule where it wants it, and ``values`` (1-D) where given:
+        the sigma and the schedule are kept, ``values``' list returned."""
         sigma = self._sigmas.flatten()[:1].to(torch.float64)
-        both = torch.cat([sigma, values.to(sigma.device, torch.float64)]).tolist()
-        self._sigma = both[0]
-        return both[1:]
+        schedule = self._schedule.flatten() if self._wants_schedule() else sigma[:0]
+        tail = sigma[:0] if values is None else values
+        # All on the sigma's device (non_blocking: a copy between devices must not wait before the one read).
+        read = torch.cat([sigma, *(t.to(sigma.device, torch.float64, non_blocking=True) for t in (schedule, tail))])
+        read = read.tolist()
+        self._sigma = read[0]
+        if schedule.numel():
+            self._run.know_schedule(read[1:1 + schedule.numel()])
+        return read[1 + schedule.numel():]
 
     def next_attention(self) -> int:
         index = self._attention_calls
         self._attention_calls += 1
         return index
+
+    def block_plan(self, position: int, tokens: Hashable, reuse_blocks: int, make: Callable[[], object]):
+        """The plan made at the call's block ``position - k`` for the same ``tokens`` (their shape and grid),
+        ``k < reuse_blocks``, else ``make()``, kept for the blocks after ``position``."""
+        if self._block_plan is not None:
+            made, seen, plan = self._block_plan
+            if seen == tokens and 0 <= position - made < reuse_blocks:
+                return plan
+        plan = make()
+        self._block_plan = (position, tokens, plan)
+        return plan
 
 
 def model_call(options) -> ModelCall:
@@ -102,8 +138,13 @@ def model_call(options) -> ModelCall:
     (a patch called on its own), one for these options alone."""
     call = options.get(CALL_KEY)
     if call is None:
-        call = options[CALL_KEY] = ModelCall(options.get("sigmas"))
+        call = options[CALL_KEY] = new_model_call(options)
     return call
+
+
+def new_model_call(options) -> ModelCall:
+    """A ``ModelCall`` for a call with ``options``: its sigmas, and its sampling run with the run's schedule."""
+    return ModelCall(options.get("sigmas"), options.get(RUN_KEY), options.get("sample_sigmas"))
 
 
 def current_sigma(options) -> float | None:
@@ -172,27 +213,42 @@ class SamplingRun:
 
     Plans are keyed by what identifies one batch of one block call (the
     caller's key); a step is the position of the call's sigma in the run's
-    schedule (``sample_sigmas``). cond and uncond may run in two threads at
-    once, so every access holds the lock; a plan is made outside it (two
-    threads with the same key would make the same plan).
+    schedule (``sample_sigmas``), read once per run: where the run
+    ``keeps_plans``, by the first call's sigma read (``ModelCall``), so no call
+    waits on the host twice. cond and uncond may run in two threads at once, so
+    every access holds the lock; a plan is made outside it (two threads with
+    the same key would make the same plan).
     """
 
-    def __init__(self):
+    def __init__(self, keeps_plans: bool = False):
+        self.keeps_plans = keeps_plans
         self._lock = threading.Lock()
         self._plans: dict[Hashable, tuple[int, object]] = {}
         self._schedule: list[float] | None = None
         self._warned: set[str] = set()
 
+    def needs_schedule(self) -> bool:
+        """Whether a sigma read should bring the run's schedule: plans are kept across steps, and it is unread."""
+        with self._lock:
+            return self.keeps_plans and self._schedule is None
+
+    def know_schedule(self, schedule: list[float]) -> None:
+        with self._lock:
+            if self._schedule is None:
+                self._schedule = schedule
+
     def step(self, extra_options) -> int | None:
         """This call's step: how many of the run's schedule sigmas lie above its sigma."""
-        sigma = current_sigma(extra_options)
         schedule = extra_options.get("sample_sigmas")
+        sigma = current_sigma(extra_options)
         if sigma is None or schedule is None:
             return None
         with self._lock:
-            if self._schedule is None:  # one read of the schedule per run: each read waits for a GPU's queue
-                self._schedule = schedule.flatten().tolist()
-            return sum(s > sigma for s in self._schedule)
+            known = self._schedule
+        if known is None:  # a run that keeps no plans, or a sigma read before this run: a read of its own
+            known = schedule.flatten().tolist()
+            self.know_schedule(known)
+        return sum(s > sigma for s in known)
 
     def plan(self, key: Hashable, extra_options, reuse_steps: int, make: Callable[[], object]):
         """The plan kept under ``key`` if it was made fewer than ``reuse_steps`` steps ago, else a new one."""
@@ -217,29 +273,39 @@ class SamplingRun:
             return True
 
 
-def start_run(executor, *args, **kwargs):
-    """A keyed ``OUTER_SAMPLE`` wrapper: give the sampling run a fresh ``SamplingRun``.
+@dataclass(frozen=True)
+class StartRun:
+    """A keyed ``OUTER_SAMPLE`` wrapper: give the sampling run a fresh ``SamplingRun`` (``keeps_plans``: one that
+    keeps merge plans across steps, ``reuse_steps``).
 
     ``executor.class_obj`` is the guider, whose ``model_options`` are, for the
     length of the run, a copy made for this run alone: the run state goes
     there, reaches every model call and block call through
     ``transformer_options``, and is dropped with the copy when the run ends.
     """
-    executor.class_obj.model_options.setdefault("transformer_options", {})[RUN_KEY] = SamplingRun()
-    return executor(*args, **kwargs)
+
+    keeps_plans: bool = False
+
+    def __call__(self, executor, *args, **kwargs):
+        options = executor.class_obj.model_options.setdefault("transformer_options", {})
+        options[RUN_KEY] = SamplingRun(self.keeps_plans)
+        return executor(*args, **kwargs)
 
 
-def wants_run_state(model) -> None:
-    """Register ``start_run`` on ``model`` (once, under our key)."""
-    if start_run not in model.get_wrappers(OUTER_SAMPLE, WRAPPER_KEY):
-        model.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY, start_run)
+def wants_run_state(model, keeps_plans: bool = False) -> None:
+    """Register a ``StartRun`` on ``model`` under our key (one run state per model, keeping plans if any node
+    of the model wants it to)."""
+    present = model.get_wrappers(OUTER_SAMPLE, WRAPPER_KEY)
+    keeps_plans = keeps_plans or any(getattr(wrapper, "keeps_plans", False) for wrapper in present)
+    model.remove_wrappers_with_key(OUTER_SAMPLE, WRAPPER_KEY)
+    model.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY, StartRun(keeps_plans))
 
 
 def call_options(transformer_options) -> dict:
     """A copy of a model call's ``transformer_options`` holding a fresh ``ModelCall`` (a copy, so a caller's
     dict, or a default shared between calls, is never written)."""
     options = dict(transformer_options or {})
-    options[CALL_KEY] = ModelCall(options.get("sigmas"))
+    options[CALL_KEY] = new_model_call(options)
     return options
 
 

@@ -70,6 +70,7 @@ from .comfyui import (
     WRAPPER_KEY,
     Reach,
     SamplingRun,
+    StartRun,
     call_options,
     capped_ratio,
     check_choice,
@@ -78,7 +79,6 @@ from .comfyui import (
     eager,
     model_call,
     sigma_window,
-    start_run,
 )
 from .comfyui_unet import MERGE_KV, MERGE_MODES, MERGE_Q, MERGE_QKV
 from .dit_families import FAMILIES, DiTSpec, ImageLayout, dit_family, dit_spec
@@ -92,6 +92,7 @@ MAIN_BLOCK_KEY = "tome_main_block"  # in a VACE model call's transformer_options
 SCOPE_ATTENTION, SCOPE_BLOCK = "attention", "block"
 DIT_SCOPES = (SCOPE_ATTENTION, SCOPE_BLOCK)
 MAX_SKIP_BLOCKS = 100  # skip_first_blocks, skip_last_blocks: up to this many (Flux has 57 blocks, Qwen-Image 60)
+MAX_REUSE_BLOCKS = 100  # reuse_blocks: up to this many (one matching for every block of the largest models)
 
 
 @dataclass(frozen=True)
@@ -340,6 +341,10 @@ class DiTToMe:
     keep_norms: bool = True  # merged keys at their tokens' mean length (tome.norms)
     scope: str = SCOPE_ATTENTION  # SCOPE_BLOCK: the whole block runs on the merged tokens (comfyui_dit_block)
     blocks: frozenset = frozenset()  # at the block scope: the keys of the blocks it reduces
+    # At the block scope: how many consecutive blocks of a model call one matching serves, and how many
+    # consecutive sampling steps a block's matching serves (1 and 1: every block call matches afresh).
+    reuse_blocks: int = 1
+    reuse_steps: int = 1
 
 
 def warn_unrecognised(options, length: int, layout: ImageLayout) -> None:
@@ -514,7 +519,8 @@ def with_reduction(model, family: str, reduction: DiTReduction):
     attention = any(s is not None and s.scope == SCOPE_ATTENTION for s in (reduction.todo, reduction.tome))
     patched.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY,
                                  LayoutWrapper(dit_spec(patched, family), blocks, attention))
-    patched.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY, start_run)
+    keeps_plans = blocks is not None and blocks.tome is not None and blocks.tome.reuse_steps > 1
+    patched.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY, StartRun(keeps_plans))
     return patched
 
 
@@ -595,7 +601,7 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
                    use_rand: bool = True, merge: str = MERGE_QKV, start_percent: float = 0.0,
                    end_percent: float = 1.0, reduce: str = MEAN, keep_norms: bool = True,
                    dit_scope: str = SCOPE_ATTENTION, skip_first_blocks: int = SKIP_FIRST_BLOCKS,
-                   skip_last_blocks: int = SKIP_LAST_BLOCKS):
+                   skip_last_blocks: int = SKIP_LAST_BLOCKS, reuse_blocks: int = 1, reuse_steps: int = 1):
     """Clone ``model`` (a DiT) with ToMe in its image self-attention: the image tokens of q, k and v (or those
     ``merge`` names) merged per frame, the queries unmerged after. Ratio 0 removes an earlier ToMe; a second
     call replaces the first. ``dit_scope`` ``block``: the image tokens are merged at the entry of each block but
@@ -603,11 +609,15 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
     runs on them, and each token gets its merged token's change (``comfyui_dit_block``; ``merge`` has no meaning
     there). No node offers ``reduce``, ``MEAN`` (ToMe) or ``PRUNE`` (the same tokens dropped: the quality bench's
     baseline), and ``keep_norms``: False merges keys by their plain mean, shorter than they are (``tome.norms``;
-    the quality bench measures what that costs)."""
+    the quality bench measures what that costs). At the block scope, ``reuse_blocks`` consecutive blocks of a
+    model call share one matching (made at the first of them) and a block's matching serves ``reuse_steps``
+    consecutive steps."""
     family = known_family(model, "Apply ToMe")
     if family is None:
         return model
     check_range("ratio", ratio, 0.0, 0.99)
+    check_range("reuse_blocks", reuse_blocks, 1, MAX_REUSE_BLOCKS)
+    check_range("reuse_steps", reuse_steps, 1, 20)
     check_range("stride_x", stride_x, 1, 8)
     check_range("stride_y", stride_y, 1, 8)
     check_choice("merge", merge, MERGE_MODES)
@@ -616,6 +626,11 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
     if scope == SCOPE_BLOCK and merge != MERGE_QKV and ratio > 0.0:
         log.warning("Apply ToMe: merge=%r has no meaning at dit_scope 'block' (the whole block runs on the merged "
                     "tokens) and is ignored", merge)
+    if scope == SCOPE_ATTENTION and ratio > 0.0:
+        for name, value in (("reuse_steps", reuse_steps), ("reuse_blocks", reuse_blocks)):
+            if value > 1:
+                log.warning("Apply ToMe: %s=%d has no meaning at dit_scope 'attention' (every attention call matches "
+                            "afresh) and is ignored", name, value)
     current = base_reduction(model)
     if ratio <= 0.0 and current.tome is None:
         return model
@@ -624,5 +639,6 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
     if ratio > 0.0:
         tome = DiTToMe(ratio, stride_x, stride_y, Reach(1, *sigma_window(model, start_percent, end_percent)),
                        seed=seed, use_rand=use_rand, merge=merge, reduce=reduce, keep_norms=keep_norms,
-                       scope=scope, blocks=blocks)
+                       scope=scope, blocks=blocks, **({"reuse_blocks": reuse_blocks, "reuse_steps": reuse_steps}
+                                                      if scope == SCOPE_BLOCK else {}))
     return with_reduction(model, family, dataclasses.replace(current, tome=tome))

@@ -92,12 +92,12 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
                                        max_downsample=max_downsample, seed=seed, use_rand=use_rand, merge=merge,
                                        start_percent=start_percent, end_percent=end_percent, scope=scope,
                                        reuse_steps=reuse_steps, reduce=reduce)
-    warn_ignored("Apply ToMe", model, {"max_downsample": (max_downsample, "auto"), "scope": (scope, SCOPE_SELF),
-                                       "reuse_steps": (reuse_steps, 1)})
+    warn_ignored("Apply ToMe", model, {"max_downsample": (max_downsample, "auto"), "scope": (scope, SCOPE_SELF)})
     return comfyui_dit.apply_tome_dit(model, ratio=ratio, stride_x=stride_x, stride_y=stride_y, seed=seed,
                                       use_rand=use_rand, merge=merge, start_percent=start_percent,
                                       end_percent=end_percent, reduce=reduce, dit_scope=dit_scope,
-                                      skip_first_blocks=skip_first_blocks, skip_last_blocks=skip_last_blocks)
+                                      skip_first_blocks=skip_first_blocks, skip_last_blocks=skip_last_blocks,
+                                      reuse_steps=reuse_steps)
 
 
 def apply_todo(model, *, downsample_factor: int, max_downsample: str = "auto", method: str = AUTO,

@@ -341,7 +341,7 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
             patched.add_object_patch(key, merged_class(patched.get_model_object(key)))
     wants_model_calls(patched)
     if reuse_steps > 1:
-        wants_run_state(patched)
+        wants_run_state(patched, keeps_plans=True)
     return patched
 
 
