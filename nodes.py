@@ -68,9 +68,10 @@ def window_inputs(tool: str) -> list[io.Float.Input]:
 def dit_scope_inputs(reduced: str, change: str) -> list[io.Input]:
     """The block scope's inputs (optional, so graphs saved before them still validate; absent: the attention
     scope, as before). ``reduced``: what the node does to the image tokens; ``change``: what each token gets."""
-    blocks = ("(in the order they run: Flux's and HunyuanVideo's double blocks, then their single blocks) run "
-              f"whole at dit_scope 'block'. 0 to {MAX_SKIP_BLOCKS}; Flux has 57 blocks, SD3.5 medium 24, SD3.5 "
-              "large 38, Wan 14B 40, Qwen-Image 60, HunyuanVideo 60, LTX-Video 2B 28, Mochi 48. Default 2: on every "
+    blocks = ("(in the order they run: Flux's, HunyuanVideo's and HiDream's double blocks, then their single "
+              f"blocks) run whole at dit_scope 'block'. 0 to {MAX_SKIP_BLOCKS}; Flux has 57 blocks, SD3.5 medium 24, "
+              "SD3.5 large 38, Wan 14B 40, Qwen-Image 60, Z-Image 30, HunyuanVideo 60, LTX-Video 2B 28, HiDream 48, "
+              "Mochi 48. Default 2: on every "
               "trained judge a block at either end cost 1.4 to 2.2 times a middle block to reduce. SD3.5's fast "
               "setting spares 3 at each end of medium's 24. No meaning at dit_scope 'attention' or on U-Nets.")
     return [
@@ -82,9 +83,9 @@ def dit_scope_inputs(reduced: str, change: str) -> list[io.Input]:
                                "(measured: the fast setting on SD3.5; on Flux every block setting costs more than "
                                "the README allows). A start_percent of about 0.2 keeps the first steps whole and "
                                "the samples nearer. Flux, Flux 2, Chroma, SD3 / SD3.5, Wan 2.x (t2v, i2v, "
-                               "Fun, VACE, 2.2 5B, Animate), Qwen-Image, HunyuanVideo (and 1.5, HunyuanImage "
-                               "2.1), LTX-Video and Mochi; other DiTs (Wan 2.2 S2V, HuMo, Lumina 2 / Z-Image, "
-                               "HiDream, Cosmos) fall back to attention with a warning. No meaning on U-Nets."),
+                               "Fun, VACE, 2.2 5B, Animate), Qwen-Image, Lumina 2 / Z-Image, HunyuanVideo (and "
+                               "1.5, HunyuanImage 2.1), LTX-Video, HiDream and Mochi; other DiTs (Wan 2.2 S2V, "
+                               "HuMo, Cosmos) fall back to attention with a warning. No meaning on U-Nets."),
         io.Int.Input("skip_first_blocks", default=SKIP_FIRST_BLOCKS, min=0, max=MAX_SKIP_BLOCKS, optional=True,
                      tooltip="This many of the model's first blocks " + blocks),
         io.Int.Input("skip_last_blocks", default=SKIP_LAST_BLOCKS, min=0, max=MAX_SKIP_BLOCKS, optional=True,

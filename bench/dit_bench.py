@@ -20,6 +20,10 @@ Models (ComfyUI's own classes, configurations as ComfyUI detects the real checkp
   wan14b  Wan 2.1 14B (40 blocks of width 5120, 40 heads) text to video, otherwise as wan13b
   wan22ti2v  Wan 2.2 TI2V-5B (30 blocks of width 3072, 24 heads; its VAE compresses 16x16 in space into 48
           channels) at ``--size`` 1280x704 x 121 frames: 31 x 22 x 40 = 27280 video tokens
+  zimage  Z-Image (a Lumina 2 of width 3840, 30 heads, 30 layers) at 1024 px: 128 text tokens, then 4096 image
+          tokens (each padded to 32s)
+  hidream HiDream I1 (16 double- and 32 single-stream blocks of width 2560, mixture-of-experts MLPs; ``--blocks``:
+          a third of them double) at 1024 px: 4096 image tokens, then T5's 128 and the LLM's 128 tokens twice
   qwen    Qwen-Image (60 double-stream blocks of width 3072, 24 heads of 128; 20B parameters: ``--blocks`` a few
           of them) at each of ``--px``: 256 text tokens (of width 3584), then (px/16)^2 image tokens
 
@@ -72,9 +76,10 @@ they run, text included where it comes apart (Flux's double blocks, SD3, Qwen-Im
 hold it), counted in the warm-up forward (the Markdown runs them together: ``4608 (2), 2560 (4)``); a block
 row and its ideal twin give the same counts. ``--reuse-blocks N``: also ``tome-R-block-skipF-L-reuseN``, ToMe
 with one matching for N consecutive blocks of a model call (``reuse_blocks``, no node input: docs/DITS.md "A
-matching reused"), beside its twin without it, whose ideal it reads. With a few of a model's blocks (``--blocks``, ``--flux-blocks``)
-the skipped ones weigh more than in the whole model: there ``0:0`` is the reduced blocks' speed-up x, and the
-whole model's with S of its K blocks skipped is about 1 / (S/K + (1 - S/K)/x).
+matching reused"), beside its twin without it, whose ideal it reads. With a few of a model's blocks
+(``--blocks``, ``--flux-blocks``) the skipped ones weigh more than in the whole model: there ``0:0`` is the
+reduced blocks' speed-up x, and the whole model's with S of its K blocks skipped is about
+1 / (S/K + (1 - S/K)/x).
 
     .venv/bin/python bench/dit_bench.py --model sd35m wan13b            # on a GPU: bf16, PyTorch SDPA
     .venv/bin/python bench/dit_bench.py --model hunyuan ltxv --frames 33 --blocks 1 --ratio 0.75 --merge kv
@@ -87,6 +92,7 @@ whole model's with S of its K blocks skipped is about 1 / (S/K + (1 - S/K)/x).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import importlib
@@ -165,6 +171,23 @@ REAL_CASES = {
         "timestep_scale": 1000.0, "use_t5": True, "t5_feat_dim": 4096, "t5_token_length": 256, "rope_theta": 10000.0,
     }, (1, 12, 6, 60, 106), (256, 4096), {"attention_mask": torch.ones(1, 256, dtype=torch.long), "num_tokens": 256}),
 }
+# Z-Image (turbo, 6B) as ComfyUI detects it (a Lumina 2 of width 3840: model_detection.py), 1024 px, a prompt of
+# 128 Qwen3 tokens; its blocks take [text | image], each padded to 32s.
+REAL_CASES["zimage"] = Case("zimage", "ZImage", {
+    "image_model": "lumina2", "patch_size": 2, "in_channels": 16, "dim": 3840, "cap_feat_dim": 2560, "n_layers": 30,
+    "qk_norm": True, "n_heads": 30, "n_kv_heads": 30, "axes_dims": [32, 48, 48], "axes_lens": [1536, 512, 512],
+    "rope_theta": 256.0, "ffn_dim_multiplier": 8.0 / 3.0, "z_image_modulation": True, "time_scale": 1000.0,
+    "pad_tokens_multiple": 32,
+}, (1, 16, 128, 128), (128, 2560), {"num_tokens": 128})
+# HiDream I1 (17B) as ComfyUI detects it: 16 double- and 32 single-stream blocks of width 2560, mixture-of-experts
+# MLPs; 1024 px, T5's 128 tokens and the LLM's 128 tokens of each of its 32 layers.
+REAL_CASES["hidream"] = Case("hidream", "HiDream", {
+    "image_model": "hidream", "attention_head_dim": 128, "axes_dims_rope": [64, 32, 32],
+    "caption_channels": [4096, 4096], "max_resolution": [128, 128], "in_channels": 16,
+    "llama_layers": list(range(32)) + [31] * 16, "num_attention_heads": 20, "num_routed_experts": 4,
+    "num_activated_experts": 2, "num_layers": 16, "num_single_layers": 32, "out_channels": 16, "patch_size": 2,
+    "text_emb_dim": 2048,
+}, (1, 16, 128, 128), (128, 4096), {"y": (1, 2048), "encoder_hidden_states_llama3": (1, 32, 128, 4096)})
 REAL_CASES["wan14b"] = dataclasses.replace(REAL_CASES["wan13b"], name="wan14b", config=dict(
     REAL_CASES["wan13b"].config, dim=5120, num_heads=40, ffn_dim=13824, num_layers=40))
 REAL_CASES["wan22ti2v"] = Case("wan22ti2v", "WAN22_T2V", dict(
@@ -193,8 +216,16 @@ def with_blocks(case: Case, blocks: int | None) -> Case:
     if blocks is None:
         return case
     config = dict(case.config)
-    if "num_layers" in config:  # Wan, LTX-Video, Qwen-Image
+    if "num_single_layers" in config:  # HiDream: a third double-stream blocks, as the real model's 16 of 48
+        config["num_layers"] = max(1, blocks // 3)
+        config["num_single_layers"] = blocks - config["num_layers"]
+        layers = config["llama_layers"]  # the LLM layer each block reads (as many as blocks: its last repeated)
+        config["llama_layers"] = (layers + layers[-1:] * blocks)[:blocks]
+    elif "num_layers" in config:  # Wan, LTX-Video, Qwen-Image
         config["num_layers"] = blocks
+    elif "n_layers" in config:  # Lumina 2 / Z-Image: its main layers alone (its 2 + 2 refiner layers, which see
+        # the text alone and the image alone, and which the block scope does not reach, left out)
+        config["n_layers"], config["n_refiner_layers"] = blocks, 0
     elif case.model_class == "Flux":  # a third double blocks, as the real model's 19 of 57
         config["depth"] = max(1, blocks // 3)
         config["depth_single_blocks"] = blocks - config["depth"]
@@ -238,19 +269,21 @@ def cases_of(args) -> list[Case]:
 
 
 # The test models the block scope reaches, whose depth ``--blocks`` sets in the smoke run.
-TINY_BLOCK_FAMILIES = ("flux", "sd3", "wan21", "qwen_image", "hunyuan_video", "ltxv")
+TINY_BLOCK_FAMILIES = ("flux", "sd3", "wan21", "qwen_image", "hunyuan_video", "ltxv", "lumina2", "hidream")
 
 
 def tiny_cases(blocks: int | None = None) -> list[Case]:
     """The test models, on a 32x32 latent (Wan: 3 frames of it); ``blocks``: that many blocks in the models of
     ``TINY_BLOCK_FAMILIES`` (Flux: a third of them double blocks), the others as they are."""
     cases = []
-    for family in (*dit_models.FAMILIES, "hunyuan_video", "ltxv"):
+    for family in (*dit_models.FAMILIES, "hunyuan_video", "ltxv", "hidream", "cosmos_predict2"):
         model_class, config = dit_models.DIT_CONFIGS[family]
         latent = {"wan21": (1, 16, 3, 32, 32), "qwen_image": (1, 16, 1, 32, 32), "hunyuan_video": (1, 16, 3, 32, 32),
-                  "ltxv": (1, 128, 3, 16, 16)}.get(family, (1, 16, 32, 32))
+                  "ltxv": (1, 128, 3, 16, 16), "cosmos_predict2": (1, 16, 1, 32, 32)}.get(family, (1, 16, 32, 32))
         conds = {"lumina2": {"num_tokens": 7}, "hunyuan_video": {"y": (1, dit_models.CONTEXT_DIM)},
-                 "ltxv": {"attention_mask": None}}.get(family, {})
+                 "ltxv": {"attention_mask": None},
+                 "hidream": {"y": (1, dit_models.CONTEXT_DIM),  # 3 tokens of the LLM's 2 layers
+                             "encoder_hidden_states_llama3": (1, 2, 3, dit_models.CONTEXT_DIM)}}.get(family, {})
         case = Case(f"tiny-{family}", model_class, config, latent, (7, dit_models.CONTEXT_DIM), conds)
         cases.append(with_blocks(case, blocks) if family in TINY_BLOCK_FAMILIES else case)
     return cases
@@ -357,15 +390,17 @@ class IdealBlocks:
     say how many image tokens its blocks run on."""
 
     blocks: frozenset
-    forms: Mapping
+    family: str
+    block: object  # comfyui_dit_block, as ComfyUI loaded it
     todo: object | None
     tome: object | None
 
-    def replacing(self, replaces: Mapping) -> dict:
-        dit = dict(replaces.get("dit") or {})
-        for key in self.blocks:
-            dit[key] = IdealBlock(self, key, dit.get(key))
-        return dict(replaces, dit=dit)
+    @property
+    def forms(self) -> Mapping:
+        return self.block.BLOCK_FAMILIES[self.family].args
+
+    def install(self, options: dict) -> None:
+        self.block.replace_blocks(options, self.family, self.blocks, lambda key, inner: IdealBlock(self, key, inner))
 
 
 @dataclass(frozen=True, eq=False)
@@ -415,7 +450,7 @@ def ideal_twin(dit, model, real, family: str):
                   for s in (reduction.todo, reduction.tome))
     blocks = frozenset().union(*(s.blocks for s in (todo, tome) if s is not None))
     ideal = model.clone()
-    scope = IdealBlocks(blocks, block_module(dit).BLOCK_FAMILIES[family].args, todo, tome)
+    scope = IdealBlocks(blocks, family, block_module(dit), todo, tome)
     ideal.add_wrapper_with_key(dit.APPLY_MODEL, dit.WRAPPER_KEY,
                                dit.LayoutWrapper(dit.dit_spec(ideal, family), scope, attention=False))
     return ideal
@@ -434,18 +469,16 @@ class BlockTokens:
         return self.inner(args, extra) if self.inner is not None else extra["original_block"](args)
 
 
-def counting_blocks(dit, model, seen: list) -> dict | None:
-    """The ``patches_replace`` of a model call of ``model`` with a ``BlockTokens`` on each of its blocks, noting
+def counting_blocks(dit, model, seen: list) -> Callable[[dict], None] | None:
+    """What puts a ``BlockTokens`` on each block of a model call of ``model`` (into the call's options), noting
     into ``seen``; ``None`` for a model the block scope does not reach. The block scope's replacements, and
     the ideal's, are made at each call around these: the counts are of the tokens the blocks receive."""
     family, blocks = dit.dit_family(model), block_module(dit)
     if family not in blocks.BLOCK_FAMILIES:
         return None
-    replaces = dict(model.model_options["transformer_options"].get("patches_replace") or {})
-    dit_replaces = dict(replaces.get("dit") or {})
-    for key in blocks.block_keys(model, family):
-        dit_replaces[key] = BlockTokens(blocks.BLOCK_FAMILIES[family].args[key[0]], seen, dit_replaces.get(key))
-    return dict(replaces, dit=dit_replaces)
+    forms, keys = blocks.BLOCK_FAMILIES[family].args, blocks.block_keys(model, family)
+    return lambda options: blocks.replace_blocks(options, family, keys,
+                                                 lambda key, inner: BlockTokens(forms[key[0]], seen, inner))
 
 
 def synchronize(device: torch.device) -> None:
@@ -453,16 +486,42 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+@contextlib.contextmanager
+def blocks_swapped(model):
+    """For the length of a forward, the classes of a swapped family's blocks (Lumina 2, HiDream:
+    ``comfyui_dit_swap``) swapped as a block-scope clone's object patches swap them when ComfyUI loads it (this
+    bench calls ``apply_model`` without loading), for every variant alike: without a replacement the swapped
+    block is the block, so the unpatched and attention-scope rows run as they would, and every row's blocks
+    take the counting replacements."""
+    dit = comfyui_host.pack_module("tome.hosts.comfyui_dit")
+    block, family = block_module(dit), dit.dit_family(model)
+    blocks = block.BLOCK_FAMILIES.get(family)
+    if blocks is None or blocks.swap is None:
+        yield
+        return
+    swap = importlib.import_module(block.__name__.rsplit(".", 1)[0] + ".comfyui_dit_swap")
+    net = model.get_model_object("diffusion_model")
+    modules = {key: net.get_submodule(path) for key, path in blocks.swap.paths(net).items()}
+    classes = {key: type(module) for key, module in modules.items()}
+    for key, module in modules.items():
+        module.__class__ = swap.swapped_class(classes[key], blocks.swap.mixin, key)
+    try:
+        yield
+    finally:
+        for key, module in modules.items():
+            module.__class__ = classes[key]
+
+
 def forward(model, inputs, device, override=None, replaces=None):
     """One model call as the sampler makes it: the patcher's transformer options and wrappers, this sigma.
-    ``replaces``: the call's ``patches_replace`` instead of the model's."""
+    ``replaces``: puts block replacements into the call's options (``counting_blocks``)."""
     x, sigma, context, conds = inputs
     options = dict(model.model_options["transformer_options"], wrappers=model.wrappers, sigmas=sigma)
     if override is not None:
         options["optimized_attention_override"] = override
     if replaces is not None:
-        options["patches_replace"] = replaces
-    with torch.inference_mode():
+        replaces(options)
+    with torch.inference_mode(), blocks_swapped(model):
         out = model.model.apply_model(x, sigma, c_crossattn=context, transformer_options=options, **conds)
     synchronize(device)
     return out

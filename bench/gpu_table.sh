@@ -12,7 +12,8 @@
 # --scope attention block, bf16, SDPA): Flux at 1024 px with all its 19 + 38 blocks, SD3.5 medium at 1024 px with
 # all 24, Qwen-Image at 1024 px (12 of its 60 blocks), Wan 2.1 1.3B (all 30 blocks) and 14B (10 of 40) at
 # 832x480 x 81 frames, HunyuanVideo (10 of its 20 double blocks) at 848x480 x 61 frames, LTX-Video 2B (all 28
-# blocks) at 768x512 x 121 frames, Mochi (12 of 48 blocks) at 848x480 x 85 frames; ToMe 0.5 and ToDo 2 at
+# blocks) at 768x512 x 121 frames, Mochi (12 of 48 blocks) at 848x480 x 85 frames, Z-Image (its 30 main layers)
+# and HiDream I1 (12 of its 48 blocks) at 1024 px; ToMe 0.5 and ToDo 2 at
 # dit_scope block with skips 0:0, the default 2:2 and SD3.5's fast row's 3:3, each beside its ideal (the same
 # blocks on as many tokens, reduced for free), ToMe 0.5 with one matching for every block of a model call beside
 # them (reuse_blocks 100: what a GPU saves by it), and the attention scope's ToDo 2 and ToMe 0.5.
@@ -54,7 +55,7 @@ else
     blocks=("--model flux --px 1024 --flux-blocks 19 38" "--model sd35m" "--model qwen --px 1024 --blocks 12"
             "--model wan13b --frames 81" "--model wan14b --frames 81 --blocks 10"
             "--model hunyuan --size 848x480 --frames 61 --blocks 10" "--model ltxv --size 768x512 --frames 121"
-            "--model mochi --size 848x480 --frames 85 --blocks 12")
+            "--model mochi --size 848x480 --frames 85 --blocks 12" "--model zimage" "--model hidream --blocks 12")
 fi
 video_common=(--blocks 4 --ratio 0.5 0.75 --merge kv --time-factor 2 --repeats "$repeats")
 block_common=(--scope attention block --ratio 0.5 --merge qkv kv --block-factor 2 --skips 0:0 2:2 3:3

@@ -33,6 +33,12 @@ def pack(comfy_nodes):
 
 
 @pytest.fixture(scope="session")
+def block(comfy_nodes):
+    """The block scope's module (``tome.hosts.comfyui_dit_block``), as ComfyUI imported it."""
+    return comfyui_host.pack_module("tome.hosts.comfyui_dit_block")
+
+
+@pytest.fixture(scope="session")
 def sd15(comfy_nodes):
     """The SD1.5 layout, narrowed to 32 channels (and a 32-wide text context) so tests stay fast."""
     return random_models.build_unet_model("sd15", channels=32, context_dim=32)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import sys
 from dataclasses import dataclass
 
@@ -221,3 +222,12 @@ def load_bench(name: str):
         sys.modules[name] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(sys.modules[name])
     return sys.modules[name]
+
+
+def check_block_scope_reached_without_a_warning(pack, models, caplog):
+    """Apply ToDo at the block scope on each of ``models`` keeps the block scope and says nothing of a fallback."""
+    with caplog.at_level(logging.WARNING):
+        for model in models:
+            patched = pack.dit.apply_todo_dit(model, downsample_factor=2, dit_scope="block")
+            assert patched.model_options["transformer_options"]["optimized_attention_override"].todo.scope == "block"
+    assert "does not reach" not in caplog.text

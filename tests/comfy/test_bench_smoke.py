@@ -247,18 +247,23 @@ def test_dit_bench_reuse_rows_run_on_their_twins_tokens_and_read_its_ideal(pack)
     assert reused["matching share"] > 0 and reused["relative distance"] != twin["relative distance"]  # reused
 
 
-def test_dit_bench_block_rows_reach_sd3_and_qwen_image_and_skip_the_rest(pack):
-    bench, rows = _dit_block_rows(pack, ["sd3", "qwen_image", "lumina2"])
-    for model, full in (("tiny-sd3-5blocks", 7 + 256), ("tiny-qwen_image-5blocks", 7 + 256)):
+def test_dit_bench_block_rows_reach_sd3_qwen_image_lumina_and_hidream_and_skip_the_rest(pack):
+    """The text beside the image in each block: 7 tokens (SD3, Qwen-Image), padded to 8 (the Z-Image variant of
+    Lumina 2), T5's 7 and the LLM's 3 twice (HiDream, whose blocks were swapped for the bench's forwards)."""
+    bench, rows = _dit_block_rows(pack, ["sd3", "qwen_image", "lumina2", "hidream", "cosmos_predict2"])
+    for model, text in (("tiny-sd3-5blocks", 7), ("tiny-qwen_image-5blocks", 7), ("tiny-lumina2-5blocks", 8),
+                        ("tiny-hidream-5blocks", 7 + 2 * 3)):
         by_name = {row["variant"]: row for row in rows if row["model"] == model}
         assert list(by_name)[3:] == BLOCK_VARIANTS
+        full = text + 256
+        assert by_name["none"]["block tokens"] == [full] * 5
         for name in BLOCK_VARIANTS:
-            reduced = 7 + (128 if "tome" in name else 64)
+            reduced = text + (128 if "tome" in name else 64)
             expected = [reduced] * 5 if "skip0-0" in name else [full, full, reduced, full, full]
             assert by_name[name]["block tokens"] == expected, (model, name)
-    lumina = [row for row in rows if row["model"] == "tiny-lumina2"]  # not reached: no block rows, no counts
-    assert [row["variant"] for row in lumina] == ["none", "todo-2", "tome-0.5-kv"]
-    assert all(row["block tokens"] == [] for row in lumina)
+    cosmos = [row for row in rows if row["model"] == "tiny-cosmos_predict2"]  # not reached: no block rows
+    assert [row["variant"] for row in cosmos] == ["none", "todo-2", "tome-0.5-kv"]
+    assert all(row["block tokens"] == [] for row in cosmos)
 
 
 def test_dit_bench_real_cases_have_the_issues_widths():

@@ -33,13 +33,6 @@ BLOCKS = dict(dit_scope="block", skip_first_blocks=0, skip_last_blocks=0)
 
 
 @pytest.fixture(scope="module")
-def block(pack):
-    from tome_harness import comfyui as comfyui_host
-
-    return comfyui_host.pack_module("tome.hosts.comfyui_dit_block")
-
-
-@pytest.fixture(scope="module")
 def models(comfy_nodes):
     return {name: dit_models.build_dit_model(name) for name in LATENTS}
 
@@ -800,7 +793,7 @@ def test_wan_22_5b_with_a_start_image_gives_each_frame_its_modulation(comfy_node
     assert set(seen) == {(tokens, (1, frames))}
 
 
-@pytest.mark.parametrize("name", ["wan22_s2v", "wan21_humo", "lumina2"])
+@pytest.mark.parametrize("name", ["wan22_s2v", "wan21_humo", "cosmos_predict2", "cosmos1"])
 def test_a_family_without_the_block_scope_falls_back_to_attention_with_a_warning(comfy_nodes, pack, caplog, name):
     model = dit_models.build_dit_model(name)
     with caplog.at_level(logging.WARNING):
@@ -839,12 +832,11 @@ def test_an_override_dropping_ours_at_run_time_leaves_the_block_scope_reducing_a
     assert "nothing is reduced in this run" not in caplog.text
 
 
-def test_lumina_falls_back_to_attention_with_a_warning_naming_its_class(comfy_nodes, pack, caplog):
-    lumina = dit_models.build_dit_model("lumina2")
+def test_cosmos_falls_back_to_attention_with_a_warning_naming_its_class(comfy_nodes, pack, caplog):
+    cosmos = dit_models.build_dit_model("cosmos_predict2")
     with caplog.at_level(logging.WARNING):
-        pack.dit.apply_todo_dit(lumina, downsample_factor=2, **BLOCKS)
-    assert "dit_scope 'block' does not reach NextDiT's blocks yet" in caplog.text or \
-        "dit_scope 'block' does not reach Lumina2's blocks yet" in caplog.text
+        pack.dit.apply_todo_dit(cosmos, downsample_factor=2, **BLOCKS)
+    assert "dit_scope 'block' does not reach CosmosPredict2's blocks yet" in caplog.text
 
 
 @pytest.mark.parametrize("name,value,allowed", [("dit_scope", "whole", "attention, block"),

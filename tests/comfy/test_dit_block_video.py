@@ -9,7 +9,6 @@ cross-attention context, Mochi's joint attention takes the video and its
 prompt's tokens (the T5 mask cuts the padding).
 """
 
-import logging
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from helpers import (
     another_nodes_replacement,
     check_block_scope_is_seeded_and_not_the_attention_scope,
     check_block_scope_off_is_the_model,
+    check_block_scope_reached_without_a_warning,
     dit_family_conds,
     record_lengths,
 )
@@ -228,10 +228,5 @@ def test_ltxv_per_token_timestep_follows_the_tokens(comfy_nodes, pack, models):
     assert set(seen) == {(3 * POOLED, (1, 3 * POOLED))}
 
 
-def test_the_nodes_give_these_families_the_block_scope_without_a_warning(comfy_nodes, pack, models, caplog):
-    with caplog.at_level(logging.WARNING):
-        for family in MODELS:
-            patched = APPLY["todo"](pack)(models[family])
-            override = patched.model_options["transformer_options"]["optimized_attention_override"]
-            assert override.todo.scope == "block"
-    assert "does not reach" not in caplog.text
+def test_todo_gives_these_families_the_block_scope_without_a_warning(pack, models, caplog):
+    check_block_scope_reached_without_a_warning(pack, [models[family] for family in MODELS], caplog)

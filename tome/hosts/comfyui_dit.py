@@ -37,10 +37,11 @@ single-block views are gathered without copying whole sequences.
 
 That is the attention scope, the default. At the block scope (``dit_scope``
 ``block``) whole blocks run on the reduced image tokens, through ComfyUI's
-``dit`` block replacement (``comfyui_dit_block``: Flux's family, SD3, Wan and
-Wan 2.2 Animate, Qwen-Image; every other family falls back to the attention
-scope with a warning); the layout wrapper puts those replacements on each
-model call.
+``dit`` block replacement, or on Lumina 2 and HiDream, which ComfyUI calls
+without one, through their blocks' classes swapped on the patched clone
+(``comfyui_dit_block``, ``comfyui_dit_swap``; a family neither reaches falls
+back to the attention scope with a warning); the layout wrapper puts those
+replacements on each model call.
 
 There is one override slot: an override already on the model is kept and
 called instead of ``func``. Patch objects hold only frozen settings (see
@@ -80,6 +81,7 @@ from .comfyui import (
     model_call,
     sigma_window,
 )
+from .comfyui_dit_swap import without_swapped_blocks
 from .comfyui_unet import MERGE_KV, MERGE_MODES, MERGE_Q, MERGE_QKV
 from .dit_families import FAMILIES, DiTSpec, ImageLayout, dit_family, dit_spec
 
@@ -116,7 +118,7 @@ class LayoutWrapper:
         if RUN_KEY not in options:  # a model call outside a sampling run is a run of its own
             options[RUN_KEY] = SamplingRun()
         if self.blocks is not None:  # first, so that VACE's marks and S2V's options go around it
-            options["patches_replace"] = self.blocks.replacing(options.get("patches_replace") or {})
+            self.blocks.install(options)
         if self.spec.vace_main_blocks:
             options[MAIN_BLOCK_KEY] = False
             options["patches_replace"] = with_main_blocks_marked(options.get("patches_replace") or {},
@@ -506,6 +508,7 @@ def with_reduction(model, family: str, reduction: DiTReduction):
     options = patched.model_options.setdefault("transformer_options", {})
     patched.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)
     patched.remove_wrappers_with_key(OUTER_SAMPLE, WRAPPER_KEY)
+    without_swapped_blocks(patched)
     if reduction.todo is None and reduction.tome is None:
         if reduction.inner is None:
             options.pop(OVERRIDE_KEY, None)
@@ -513,9 +516,11 @@ def with_reduction(model, family: str, reduction: DiTReduction):
             options[OVERRIDE_KEY] = reduction.inner
         return patched
     options[OVERRIDE_KEY] = reduction
-    from .comfyui_dit_block import block_keys, block_scope  # it imports this module's helpers
+    from .comfyui_dit_block import block_keys, block_scope, swap_family_blocks  # it imports this module's helpers
 
     blocks = block_scope(reduction.todo, reduction.tome, block_keys(patched, family), family)
+    if blocks is not None:
+        swap_family_blocks(patched, family)
     attention = any(s is not None and s.scope == SCOPE_ATTENTION for s in (reduction.todo, reduction.tome))
     patched.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY,
                                  LayoutWrapper(dit_spec(patched, family), blocks, attention))

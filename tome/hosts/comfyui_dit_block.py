@@ -65,11 +65,20 @@ the order they run, and per kind of block how its arguments hold the tokens, a
 - Mochi: ``img`` (the video) and ``txt`` apart, joint attention over
   ``[video | text cut to num_tokens]``; its rotary tables ``rope_cos`` and
   ``rope_sin`` ``[N, heads, D/2]`` cover the video alone.
+- Lumina 2 / Z-Image and HiDream, whose blocks ComfyUI calls without a ``dit``
+  replacement: their blocks' classes are swapped on the patched clone for ones
+  that take the same replacements (``BlockSwap``, ``comfyui_dit_swap``).
+  Lumina's main layers take ``[text | image]`` joined (each padded, Z-Image),
+  HiDream's double-stream blocks the image and its text apart (text after the
+  image), its single-stream blocks ``[image | text]`` joined; their rotary
+  tables ``[B, L, 1, D/2, 2, 2]`` cover the sequence. HiDream E1's image, in
+  rows beside its edit image, runs whole (one warning per run).
 
 Every other family (Wan 2.2 S2V and HuMo among them: S2V hands its blocks no
 ``transformer_options`` and a per-token modulation of its own, HuMo's audio
-attention gathers each frame's full tokens) is left to the attention scope,
-with a warning when the node runs (``comfyui_dit.scope_and_blocks``).
+attention gathers each frame's full tokens; Cosmos, whose blocks take the video
+as a grid) is left to the attention scope, with a warning when the node runs
+(``comfyui_dit.scope_and_blocks``).
 
 A matching reused (ToMe): the plan an earlier block of the model call matched
 serves the next ``reuse_blocks - 1`` blocks (kept in the call's ``ModelCall``;
@@ -112,10 +121,13 @@ from .comfyui_dit import (
     pool_grid,
     replace_span,
 )
+from .comfyui_dit_swap import SWAPPED_KEY, HiDreamBlock, LuminaBlock, swap_blocks, without_swapped_blocks
 from .dit_families import (
     FLUX,
+    HIDREAM,
     HUNYUAN_VIDEO,
     LTXV,
+    LUMINA2,
     MOCHI,
     QWEN_IMAGE,
     SD3,
@@ -139,6 +151,19 @@ def flux_block_keys(net: torch.nn.Module) -> tuple[tuple[str, int], ...]:
 def double_blocks(name: str) -> Callable[[torch.nn.Module], tuple[tuple[str, int], ...]]:
     """The block keys of a model whose one list of blocks, ``net.<name>``, ComfyUI calls ``("double_block", i)``."""
     return lambda net: tuple((DOUBLE, i) for i in range(len(getattr(net, name))))
+
+
+def block_paths(**lists: str) -> Callable[[torch.nn.Module], dict[tuple[str, int], str]]:
+    """The paths of a swapped family's blocks by key: ``lists`` names, per kind of block, its list in the net
+    (``double_block="layers"``: ``("double_block", i)`` is ``layers.i``)."""
+    return lambda net: {(kind, i): f"{name}.{i}" for kind, name in lists.items()
+                        for i in range(len(getattr(net, name)))}
+
+
+def hidream_block_keys(net: torch.nn.Module) -> tuple[tuple[str, int], ...]:
+    """HiDream's blocks in the order they run: its double-stream blocks, then its single-stream blocks."""
+    return tuple((DOUBLE, i) for i in range(len(net.double_stream_blocks))) + \
+        tuple((SINGLE, i) for i in range(len(net.single_stream_blocks)))
 
 
 def per_frame(vec) -> bool:
@@ -284,12 +309,24 @@ class MovedBounds:
 
 
 @dataclass(frozen=True)
+class BlockSwap:
+    """How the block scope reaches the blocks of a family ComfyUI calls without a ``dit`` replacement
+    (``comfyui_dit_swap``): ``paths(net)``, each block's path under the diffusion model by key, and ``mixin``,
+    the swapped class's front."""
+
+    paths: Callable[[torch.nn.Module], dict[tuple[str, int], str]]
+    mixin: type
+
+
+@dataclass(frozen=True)
 class FamilyBlocks:
     """A family the block scope reaches: ``keys(net)``, its blocks in the order they run; ``args``, per kind of
-    block (``DOUBLE``, ``SINGLE``), how it holds its tokens."""
+    block (``DOUBLE``, ``SINGLE``), how it holds its tokens; ``swap``, for a family ComfyUI calls without a
+    ``dit`` replacement, how its blocks' classes are swapped (``None``: ComfyUI's own replacement)."""
 
     keys: Callable[[torch.nn.Module], tuple[tuple[str, int], ...]]
     args: Mapping[str, BlockArgs]
+    swap: BlockSwap | None = None
 
 
 FLUX_DOUBLE = BlockArgs(TEXT_BEFORE, (TokenRows("pe", 2),))
@@ -302,6 +339,8 @@ HUNYUAN_ROWS = (TokenRows("pe", 2), TokenRows("attention_mask", 2))
 # LTX-Video's modulation ``vec`` is ``[B, 1, 6C]``, or one per token (a start image or keyframe at timestep 0).
 LTXV_BLOCK = BlockArgs(None, (TokenRows("pe", 2), TokenRows("vec", 1)))
 MOCHI_ROPE = tuple(TokenRows(key, 0, IMAGE_STREAM, batched=False) for key in ("rope_cos", "rope_sin"))
+# Lumina 2's and HiDream's rotary tables are ``[B, L, 1, D/2, 2, 2]`` over the sequence.
+SEQUENCE_ROPE = (TokenRows("pe", 1),)
 
 # The families whose blocks the block scope reaches (names of ``dit_families``; a family's variants that are
 # families of their own need their own entry), and how.
@@ -316,6 +355,16 @@ BLOCK_FAMILIES: dict[str, FamilyBlocks] = {
         SINGLE: BlockArgs(None, HUNYUAN_ROWS, ranges=("modulation_dims",))}),
     LTXV: FamilyBlocks(double_blocks("transformer_blocks"), {DOUBLE: LTXV_BLOCK}),
     MOCHI: FamilyBlocks(double_blocks("blocks"), {DOUBLE: BlockArgs(TEXT_AFTER, MOCHI_ROPE, text_crop="num_tokens")}),
+    # Lumina 2 / Z-Image: its main layers take [text (+ padding) | image (+ padding)] joined (the refiners, which
+    # see the text alone and the image alone, are not blocks of the scope).
+    LUMINA2: FamilyBlocks(double_blocks("layers"), {DOUBLE: BlockArgs(None, SEQUENCE_ROPE)},
+                          BlockSwap(block_paths(double_block="layers"), LuminaBlock)),
+    # HiDream: double-stream blocks take the image and the text (T5, the LLM's last and the block's own layer)
+    # apart, single-stream blocks [image | text] joined; E1's image, in rows beside its edit image, runs whole.
+    HIDREAM: FamilyBlocks(hidream_block_keys, {DOUBLE: BlockArgs(TEXT_AFTER, SEQUENCE_ROPE),
+                                               SINGLE: BlockArgs(None, SEQUENCE_ROPE)},
+                          BlockSwap(block_paths(double_block="double_stream_blocks",
+                                                single_block="single_stream_blocks"), HiDreamBlock)),
 }
 
 
@@ -459,6 +508,16 @@ def _warn_unplaced_block(options, length: int) -> None:
                     length)
 
 
+def _warn_image_in_rows(options) -> None:
+    """Once per sampling run: an image laid out in rows between other tokens (HiDream E1's, beside its edit
+    image) is no span a block can be handed reduced; its blocks run whole."""
+    run = options.get(RUN_KEY)
+    if run is None or run.first_warning("image in rows"):
+        log.warning("Apply ToDo / Apply ToMe: this model's image lies in rows between other tokens (HiDream E1's, "
+                    "beside its edit image): dit_scope 'block' leaves its blocks whole; dit_scope 'attention' "
+                    "reduces it")
+
+
 @dataclass(frozen=True)
 class BlockScope:
     """What the block scope reduces on one model: the ToDo and ToMe settings whose scope is the block (either
@@ -474,13 +533,10 @@ class BlockScope:
         """How block ``key`` holds its tokens."""
         return BLOCK_FAMILIES[self.family].args[key[0]]
 
-    def replacing(self, replaces: Mapping) -> dict:
-        """A copy of ``patches_replace`` (the model's, shared with its clones: never written) whose ``dit``
-        entries reduce each block, around whatever replacement was there (it runs on the reduced tokens)."""
-        dit = dict(replaces.get("dit") or {})
-        for key in self.keys:
-            dit[key] = BlockReduction(self, key, dit.get(key))
-        return dict(replaces, dit=dit)
+    def install(self, options: dict) -> None:
+        """Put a ``BlockReduction`` on each block of this model call (``options``, the call's own copy), around
+        whatever replacement was there (it runs on the reduced tokens)."""
+        replace_blocks(options, self.family, self.keys, lambda key, inner: BlockReduction(self, key, inner))
 
     def reduction(self, image: torch.Tensor, layout: ImageLayout, key,
                   options) -> tuple[Reduction, torch.Tensor] | None:
@@ -547,7 +603,10 @@ class BlockReduction:
     def __call__(self, args: dict, extra: dict) -> dict:
         options = args.get("transformer_options") or {}
         layout = options.get(LAYOUT_KEY)
-        if layout is None or args.get("attn_mask") is not None or layout.row_stride is not None:
+        if layout is not None and layout.row_stride is not None:
+            _warn_image_in_rows(options)
+            return self.run(args, extra)
+        if layout is None or args.get("attn_mask") is not None:
             return self.run(args, extra)
         form = self.scope.args(self.key)
         img = args["img"]
@@ -586,7 +645,30 @@ class BlockReduction:
         return dict(out, img=replace_span(out_img, start - offset, m, image_out))
 
 
-# Registration: what ``comfyui_dit``'s apply functions call.
+# Registration: what ``comfyui_dit``'s apply functions and layout wrapper call.
+
+def replace_blocks(options: dict, family: str, keys, make: Callable) -> None:
+    """Give this model call (``options``, its own copy of ``transformer_options``) ``make(key, inner)`` as the
+    replacement of each block ``key`` of ``keys``, ``inner`` being the one there before (``None``): in a copy of
+    ``patches_replace["dit"]`` (the model's, shared with its clones: never written), or under ``SWAPPED_KEY``
+    for a family whose blocks' classes are swapped."""
+    if BLOCK_FAMILIES[family].swap is not None:
+        swapped = dict(options.get(SWAPPED_KEY) or {})
+        options[SWAPPED_KEY] = swapped | {key: make(key, swapped.get(key)) for key in keys}
+        return
+    replaces = options.get("patches_replace") or {}
+    dit = dict(replaces.get("dit") or {})
+    options["patches_replace"] = dict(replaces, dit=dit | {key: make(key, dit.get(key)) for key in keys})
+
+
+def swap_family_blocks(model, family: str) -> None:
+    """On ``model`` (a clone), swap the classes of a swapped family's blocks (``comfyui_dit_swap``); none for a
+    family ComfyUI hands its replacements to, nor one the block scope does not reach."""
+    without_swapped_blocks(model)
+    blocks = BLOCK_FAMILIES.get(family)
+    if blocks is not None and blocks.swap is not None:
+        swap_blocks(model, blocks.swap.paths(model.get_model_object("diffusion_model")), blocks.swap.mixin)
+
 
 def block_keys(model, family: str) -> tuple[tuple[str, int], ...] | None:
     """Every block of ``model`` the block scope can reach, in the order they run; ``None`` for a family it does
