@@ -165,15 +165,21 @@ def test_hidream_e1s_image_in_rows_runs_its_blocks_whole_with_one_warning(comfy_
 
 
 @pytest.mark.slow
-def test_compiled_lumina_equals_uncompiled_and_a_rerun_compiles_nothing(comfy_nodes, pack, models):
-    """ComfyUI 0.3.75's TorchCompileModel on Z-Image's layout: the swapped blocks run outside the graph."""
+@pytest.mark.parametrize("host", ["0.3.75", "newest"])
+def test_compiled_lumina_equals_uncompiled_and_a_rerun_compiles_nothing(comfy_nodes, pack, models, host):
+    """TorchCompileModel on Z-Image's layout, as ComfyUI 0.3.75 runs it and with the late-2026 guard filter: the
+    swapped blocks run outside the graph."""
     from comfy_extras.nodes_torch_compile import TorchCompileModel
 
+    from tome_harness import newest_host
+
+    compile_model = {"0.3.75": lambda model: TorchCompileModel.execute(model, "aot_eager").result[0],
+                     "newest": lambda model: newest_host.compile_like_newest(model, "aot_eager")}[host]
     torch._dynamo.reset()
     try:
         model = models["lumina2"]
         reference = sample(comfy_nodes, APPLY["tome"](pack)(model), "lumina2")
-        compiled = TorchCompileModel.execute(model, "aot_eager").result[0]
+        compiled = compile_model(model)
         torch.testing.assert_close(sample(comfy_nodes, APPLY["tome"](pack)(compiled), "lumina2"), reference,
                                    rtol=1e-4, atol=1e-4)
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
