@@ -631,10 +631,11 @@ def run_case(dit, case: Case, args, device, first: bool) -> list[dict]:
     rows = []
     speed_up = {name: min(times["none"]) / min(times[name]) for name in models}
     for name in models:
+        twin = f"ideal-{name.split('-reuse')[0]}"  # a block row's ideal (a reuse row reads its twin's)
         if name.startswith("ideal-"):  # the block scope's ideal: its own speed-up
             scope, ideal = "ideal", speed_up[name]
-        elif f"ideal-{name.split('-reuse')[0]}" in models:  # a block row: its ideal twin's measured speed-up
-            scope, ideal = SCOPE_BLOCK, speed_up[f"ideal-{name.split('-reuse')[0]}"]
+        elif twin in models:  # a block row: its ideal twin's measured speed-up
+            scope, ideal = SCOPE_BLOCK, speed_up[twin]
         else:  # the attention scope's formula
             scope = None if name == "none" else SCOPE_ATTENTION
             ideal = 1.0 / (1.0 - shares["none"] + shares["none"] * costs[name])

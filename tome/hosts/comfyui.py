@@ -85,10 +85,7 @@ class ModelCall:
 
     def sigma(self) -> float | None:
         if self._sigma is None and self._sigmas is not None:
-            if self._wants_schedule():
-                self._read_sigma(None)
-            else:
-                self._sigma = float(self._sigmas.flatten()[0])
+            self._read_sigma(None)
         return self._sigma
 
     def read(self, values: torch.Tensor) -> list[float]:
@@ -104,8 +101,12 @@ class ModelCall:
     def _read_sigma(self, values: torch.Tensor | None) -> list[float]:
         """One host read of the sigma, the run's schedule where it wants it, and ``values`` (1-D) where given:
         the sigma and the schedule are kept, ``values``' list returned."""
+        wants_schedule = self._wants_schedule()  # asked once: another thread's call may read the schedule meanwhile
+        if values is None and not wants_schedule:
+            self._sigma = float(self._sigmas.flatten()[0])
+            return []
         sigma = self._sigmas.flatten()[:1].to(torch.float64)
-        schedule = self._schedule.flatten() if self._wants_schedule() else sigma[:0]
+        schedule = self._schedule.flatten() if wants_schedule else sigma[:0]
         tail = sigma[:0] if values is None else values
         # All on the sigma's device (non_blocking: a copy between devices must not wait before the one read).
         read = torch.cat([sigma, *(t.to(sigma.device, torch.float64, non_blocking=True) for t in (schedule, tail))])
@@ -273,6 +274,13 @@ class SamplingRun:
             return True
 
 
+def batch_of_conds(options) -> tuple:
+    """What tells one batch of a block call from another in the same step (cond and uncond, run together or
+    apart, in one thread or two): the conds in it (``uuids``), else ``cond_or_uncond``. Part of a kept plan's
+    key."""
+    return tuple(options.get("uuids") or options.get("cond_or_uncond") or ())
+
+
 @dataclass(frozen=True)
 class StartRun:
     """A keyed ``OUTER_SAMPLE`` wrapper: give the sampling run a fresh ``SamplingRun`` (``keeps_plans``: one that
@@ -292,13 +300,10 @@ class StartRun:
         return executor(*args, **kwargs)
 
 
-def wants_run_state(model, keeps_plans: bool = False) -> None:
-    """Register a ``StartRun`` on ``model`` under our key (one run state per model, keeping plans if any node
-    of the model wants it to)."""
-    present = model.get_wrappers(OUTER_SAMPLE, WRAPPER_KEY)
-    keeps_plans = keeps_plans or any(getattr(wrapper, "keeps_plans", False) for wrapper in present)
+def wants_run_state(model) -> None:
+    """Register a ``StartRun`` keeping plans across steps on ``model`` (once, under our key)."""
     model.remove_wrappers_with_key(OUTER_SAMPLE, WRAPPER_KEY)
-    model.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY, StartRun(keeps_plans))
+    model.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY, StartRun(keeps_plans=True))
 
 
 def call_options(transformer_options) -> dict:

@@ -110,7 +110,7 @@ import torch
 
 from ..downsample import NEAREST
 from ..merge import IDENTITY, PRUNE
-from .comfyui import RUN_KEY, eager, model_call
+from .comfyui import RUN_KEY, batch_of_conds, eager, model_call
 from .comfyui_dit import (
     LAYOUT_KEY,
     SCOPE_BLOCK,
@@ -575,8 +575,7 @@ class BlockScope:
 
         make, run = fresh, options.get(RUN_KEY)
         if tome.reuse_steps > 1 and run is not None:
-            batch = options.get("uuids") or options.get("cond_or_uncond") or ()
-            step_key = (key, tuple(tokens.shape), str(tokens.device), tuple(batch))
+            step_key = (key, tuple(tokens.shape), str(tokens.device), batch_of_conds(options))
 
             def make():
                 return run.plan(step_key, options, tome.reuse_steps, fresh)

@@ -37,6 +37,7 @@ from ..merge import IDENTITY, MEAN, REDUCTIONS, build_plan
 from .comfyui import (
     RUN_KEY,
     Reach,
+    batch_of_conds,
     capped_ratio,
     check_choice,
     check_range,
@@ -112,9 +113,8 @@ class ToMeAttn1Patch:
         cache = extra_options.get(RUN_KEY) if s.reuse_steps > 1 else None
         if cache is None:
             return self.fresh_plan(n, grid, extra_options)
-        batch = extra_options.get("uuids") or extra_options.get("cond_or_uncond") or ()
         key = (extra_options.get("block"), extra_options.get("block_index", 0), tuple(n.shape), str(n.device),
-               tuple(batch))
+               batch_of_conds(extra_options))
         return cache.plan(key, extra_options, s.reuse_steps, lambda: self.fresh_plan(n, grid, extra_options))
 
     def fresh_plan(self, n: torch.Tensor, grid: tuple[int, int], extra_options):
@@ -341,7 +341,7 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
             patched.add_object_patch(key, merged_class(patched.get_model_object(key)))
     wants_model_calls(patched)
     if reuse_steps > 1:
-        wants_run_state(patched, keeps_plans=True)
+        wants_run_state(patched)
     return patched
 
 
