@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tome_harness import dit_models
 from tome_harness.comfyui import ROOT
 
 
@@ -142,6 +143,38 @@ def dit_family_conds(family, text, context_dim):
         mask[:, :MOCHI_PROMPT[text]] = 1
         return {"attention_mask": mask}
     return {}
+
+
+# The DiT tests' latent: 5x6 patches (30 tokens), 3x3 cells of 2x2: 10x12 under 2x2 patches; the video models have 3
+# frames of them, Qwen-Image one; LTX-Video and Flux 2 patch 1x1, Chroma Radiance 16x16 pixels.
+VIDEO = (1, 16, 3, 10, 12)
+LATENTS = {"wan21": VIDEO, "wan21_fun": VIDEO, "qwen_image": (1, 16, 1, 10, 12), "hunyuan_video": VIDEO,
+           "hunyuan_video15": (1, 32, 3, 10, 12), "hunyuan_image21": (1, 64, 5, 6), "ltxv": (1, 128, 3, 5, 6),
+           "wan22_5b": (1, 48, 3, 10, 12), "wan21_i2v": VIDEO, "wan21_vace": VIDEO, "cosmos_predict2": VIDEO,
+           "flux2": (1, 128, 5, 6), "chroma_radiance": (1, 3, 80, 96), "wan22_animate": VIDEO, "wan22_s2v": VIDEO,
+           "wan21_humo": VIDEO, "mochi": (1, 12, 3, 10, 12), "cosmos1": VIDEO, "wan22_fun_control": VIDEO}
+LATENT = (1, 16, 10, 12)
+
+
+def dit_conditioning(family, references=None):
+    """cond and uncond (with different text lengths), both with the family's extra conds and ``references``
+    (conds naming edit, reference or guide latents)."""
+    generator = torch.Generator().manual_seed(5)
+    extra = {"pooled_output": torch.zeros(1, dit_models.CONTEXT_DIM), **(references or {})}
+    return tuple([[torch.randn(1, text, dit_models.CONTEXT_DIM, generator=generator),
+                   dict(extra, **dit_family_conds(family, text, dit_models.CONTEXT_DIM))]]
+                  for text in (COND_TEXT, UNCOND_TEXT))
+
+
+def dit_sample(comfy_nodes, model, family, seed=3, steps=2, references=None, latent_shape=None, conditioned=None):
+    """A real KSampler run at cfg 2; ``conditioned``: the ``(positive, negative, latent)`` a conditioning node
+    made, in place of the test's own."""
+    positive, negative = dit_conditioning(family, references)
+    latent = {"samples": torch.zeros(latent_shape or LATENTS.get(family, LATENT))}
+    if conditioned is not None:
+        positive, negative, latent = conditioned
+    (out,) = comfy_nodes.KSampler().sample(model, seed, steps, 2.0, "euler", "normal", positive, negative, latent)
+    return out["samples"]
 
 
 def record_lengths(calls):

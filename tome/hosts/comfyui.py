@@ -32,10 +32,12 @@ call and by every other clone of the compiled model.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +78,7 @@ class ModelCall:
 
     def __init__(self, sigmas: torch.Tensor | None, run: SamplingRun | None = None,
                  schedule: torch.Tensor | None = None):
+        self.reached: set[str] = set()  # the scopes whose hooks this call reached (``SamplingRun.note_call``)
         self._sigmas = sigmas
         self._sigma: float | None = None
         self._run = run
@@ -227,6 +230,8 @@ class SamplingRun:
         self._plans: dict[Hashable, tuple[int, object]] = {}
         self._schedule: list[float] | None = None
         self._warned: set[str] = set()
+        self._calls = 0
+        self._reached: set[str] = set()
 
     def needs_schedule(self) -> bool:
         """Whether a sigma read should bring the run's schedule: plans are kept across steps, and it is unread."""
@@ -265,6 +270,17 @@ class SamplingRun:
             self._plans[key] = (step, plan)
         return plan
 
+    def note_call(self, reached: set[str]) -> None:
+        """One model call of the run has ended, having reached the hooks of ``reached`` (scope names)."""
+        with self._lock:
+            self._calls += 1
+            self._reached |= reached
+
+    def unreached(self, scopes) -> list[str]:
+        """Those of ``scopes`` whose hooks no model call of the run reached (none where the run made no call)."""
+        with self._lock:
+            return [scope for scope in scopes if self._calls and scope not in self._reached]
+
     def first_warning(self, key: str) -> bool:
         """Whether this is the run's first warning of ``key`` (and from now on it is not)."""
         with self._lock:
@@ -296,8 +312,13 @@ class StartRun:
 
     def __call__(self, executor, *args, **kwargs):
         options = executor.class_obj.model_options.setdefault("transformer_options", {})
-        options[RUN_KEY] = SamplingRun(self.keeps_plans)
-        return executor(*args, **kwargs)
+        run = options[RUN_KEY] = SamplingRun(self.keeps_plans)
+        out = executor(*args, **kwargs)
+        self.ended(run)
+        return out
+
+    def ended(self, run: SamplingRun) -> None:
+        """What a host checks when a run has ended (a subclass's: nothing here)."""
 
 
 def wants_run_state(model) -> None:
@@ -312,6 +333,39 @@ def call_options(transformer_options) -> dict:
     options = dict(transformer_options or {})
     options[CALL_KEY] = new_model_call(options)
     return options
+
+
+# The transformer_options of the model call running in this thread (and context), for hooks a step cache's forward
+# calls without them (``options_of_call``). A context variable: cond and uncond in two threads are two calls, each
+# seeing its own; a model call inside another sees its own and gives the outer one back when it ends.
+_RUNNING_CALL: contextvars.ContextVar[dict | None] = contextvars.ContextVar("tome_running_call", default=None)
+
+
+@contextlib.contextmanager
+def running_call(options: dict) -> Iterator[None]:
+    """``options`` (a model call's own copy, from ``call_options``) are this thread's running call meanwhile."""
+    token = _RUNNING_CALL.set(options)
+    try:
+        yield
+    finally:
+        _RUNNING_CALL.reset(token)
+
+
+def options_of_call(*places: Mapping | None) -> dict:
+    """The transformer_options of the model call a hook runs in: the first of ``places`` (a block replacement's
+    ``args``, then its ``extra``; a block's own keyword, as ``{"transformer_options": ...}``) that has them, else
+    the running call's (``running_call``), else ``{}``.
+
+    ComfyUI hands them to every block in ``args``; the step caches people install replace the model's forward
+    and do not: TeaCache's and MagCache's forwards leave them out of ``args`` (Wan's put them in ``extra``) or
+    call blocks positionally without them (Lumina 2, HiDream); First Block Cache's Flux forward puts them in
+    ``extra``. Never indexed: a hook never fails for their absence.
+    """
+    for place in places:
+        options = place.get("transformer_options") if place else None
+        if options:
+            return options
+    return _RUNNING_CALL.get() or {}
 
 
 def start_model_call(executor, x, t, c_concat=None, c_crossattn=None, control=None, transformer_options=None,

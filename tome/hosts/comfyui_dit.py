@@ -79,6 +79,8 @@ from .comfyui import (
     current_sigma,
     eager,
     model_call,
+    options_of_call,
+    running_call,
     sigma_window,
 )
 from .comfyui_dit_swap import without_swapped_blocks
@@ -115,10 +117,13 @@ class LayoutWrapper:
         text = 0 if c_crossattn is None else c_crossattn.shape[1]
         options = call_options(transformer_options)
         options[LAYOUT_KEY] = self.spec.layout(x.shape, text, conds, model_call(options).read)
-        if RUN_KEY not in options:  # a model call outside a sampling run is a run of its own
-            options[RUN_KEY] = SamplingRun()
+        alone = RUN_KEY not in options  # a model call outside a sampling run is a run of its own
+        run = options.setdefault(RUN_KEY, SamplingRun())
         if self.blocks is not None:  # first, so that VACE's marks and S2V's options go around it
-            self.blocks.install(options)
+            if self.blocks.reaches(executor.class_obj.diffusion_model):
+                self.blocks.install(options)
+            elif run.first_warning(unreached_key(SCOPE_BLOCK)):
+                warn_blocks_replaced(self.attention)
         if self.spec.vace_main_blocks:
             options[MAIN_BLOCK_KEY] = False
             options["patches_replace"] = with_main_blocks_marked(options.get("patches_replace") or {},
@@ -126,6 +131,20 @@ class LayoutWrapper:
         if self.spec.blocks_without_options:
             options["patches_replace"] = with_options_handed(options.get("patches_replace") or {},
                                                              executor.class_obj.diffusion_model.blocks, options)
+        with running_call(options):
+            out = self.run(executor, options, x, t, c_concat, c_crossattn, control, **conds)
+        run.note_call(model_call(options).reached)
+        if alone:
+            warn_unreached(run, self.scopes)
+        return out
+
+    @property
+    def scopes(self) -> tuple[str, ...]:
+        """The scopes this model's settings reduce at."""
+        return scopes_of(self.attention, self.blocks is not None)
+
+    def run(self, executor, options, x, t, c_concat, c_crossattn, control, **conds):
+        """The model call with ``options``, watching whether another override put over ours still calls ours."""
         on_top = options.get(OVERRIDE_KEY)
         if on_top is None or isinstance(on_top, DiTReduction) or not self.attention:
             # not self.attention: the block scope alone, whose replacements do not go through the override
@@ -134,9 +153,61 @@ class LayoutWrapper:
         # at every step): watch, for this call, whether it still calls ours.
         watch = options[OVERRIDE_KEY] = OverrideWatch(on_top)
         out = executor(x, t, c_concat, c_crossattn, control, options, **conds)
-        if watch.calls and not watch.reached and options[RUN_KEY].first_warning("dropped"):
+        if watch.calls and not watch.reached and options[RUN_KEY].first_warning(unreached_key(SCOPE_ATTENTION)):
             warn_dropped(on_top, self.blocks is not None)
         return out
+
+
+def scopes_of(attention: bool, blocks: bool) -> tuple[str, ...]:
+    """The scopes of a model's settings: ``attention`` whether any reduces inside attention calls, ``blocks``
+    whether any reduces whole blocks."""
+    return (SCOPE_ATTENTION,) * attention + (SCOPE_BLOCK,) * blocks
+
+
+@dataclass(frozen=True)
+class DiTRunStart(StartRun):
+    """``StartRun`` for a DiT whose settings reduce at ``scopes``: when the run ends, one warning for each scope
+    whose hooks no model call of the run reached."""
+
+    scopes: tuple[str, ...] = ()
+
+    def ended(self, run: SamplingRun) -> None:
+        warn_unreached(run, self.scopes)
+
+
+def unreached_key(scope: str) -> str:
+    """The run's warning key for ``scope`` not acting: given once per run, whatever the cause."""
+    return f"unreached {scope}"
+
+
+# The replaced forwards of the step caches people install (TeaCache, MagCache) call the blocks without
+# transformer_options, so the attention override is out of reach; their forwards still call the dit block
+# replacements (and the swapped blocks), which find the model call's options another way (options_of_call).
+UNREACHED_CAUSE = {
+    SCOPE_ATTENTION: ("its attention override", "a node or pack replaced the model's forward and calls the blocks "
+                      "without ComfyUI's transformer_options (TeaCache and MagCache do), so the override cannot "
+                      "reach the attention calls. dit_scope 'block' acts under TeaCache and MagCache"),
+    SCOPE_BLOCK: ("its block replacements", "a node or pack replaced the model's forward and runs the blocks "
+                  "without ComfyUI's dit block replacements. dit_scope 'attention' may still act"),
+}
+
+
+def warn_unreached(run: SamplingRun, scopes) -> None:
+    """One warning per run for each of ``scopes`` whose hooks no model call of ``run`` reached."""
+    for scope in run.unreached(scopes):
+        if run.first_warning(unreached_key(scope)):
+            hook, cause = UNREACHED_CAUSE[scope]
+            log.warning("Apply ToDo / Apply ToMe: no model call of this sampling run reached %s, so nothing was "
+                        "reduced at dit_scope '%s': %s (docs/STEP_CACHES.md)", hook, scope, cause)
+
+
+def warn_blocks_replaced(attention: bool) -> None:
+    """The model's block lists are not those the node saw (First Block Cache swaps them for one cached block):
+    the block scope leaves this run whole."""
+    log.warning("Apply ToDo / Apply ToMe: the model's blocks were replaced after this node ran (First Block Cache "
+                "swaps them for one cached block), so dit_scope 'block' reduces nothing in this run%s",
+                "; what dit_scope 'attention' reduces still is" if attention else
+                "; dit_scope 'attention' acts under First Block Cache (docs/STEP_CACHES.md)")
 
 
 @dataclass(frozen=True)
@@ -150,7 +221,7 @@ class MainBlockMark:
     inner: Callable | None = None
 
     def __call__(self, args, extra):
-        options = args["transformer_options"]
+        options = options_of_call(args, extra)
         options[MAIN_BLOCK_KEY] = True
         try:
             return self.inner(args, extra) if self.inner is not None else extra["original_block"](args)
@@ -393,14 +464,16 @@ class DiTReduction:
             return attention(*args, **kwargs)  # MAIN_BLOCK_KEY False: in a VACE control block
         heads_major = bool(kwargs.get("skip_reshape", False))
         q, k, v = (token_major(t, heads_major) for t in args[:3])
-        todo, tome = (s if s is not None and s.scope == SCOPE_ATTENTION and s.reach.in_window(options) else None
-                      for s in (self.todo, self.tome))
-        if todo is None and tome is None:
-            return attention(*args, **kwargs)
         # Self-attention only: cross-attention has as many keys as context tokens, never as many as queries
         # unless the layout already left that length out.
         self_attention = q.shape[1] == k.shape[1] == v.shape[1]
         start = layout.start(k.shape[1]) if self_attention else None
+        if start is not None:  # an image self-attention reached the override (a text refiner's is no sign)
+            model_call(options).reached.add(SCOPE_ATTENTION)
+        todo, tome = (s if s is not None and s.scope == SCOPE_ATTENTION and s.reach.in_window(options) else None
+                      for s in (self.todo, self.tome))
+        if todo is None and tome is None:
+            return attention(*args, **kwargs)
         if start is None:
             if self_attention and not layout.recognises(k.shape[1]):
                 warn_unrecognised(options, k.shape[1], layout)
@@ -525,7 +598,8 @@ def with_reduction(model, family: str, reduction: DiTReduction):
     patched.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY,
                                  LayoutWrapper(dit_spec(patched, family), blocks, attention))
     keeps_plans = blocks is not None and blocks.tome is not None and blocks.tome.reuse_steps > 1
-    patched.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY, StartRun(keeps_plans))
+    patched.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY,
+                                 DiTRunStart(keeps_plans, scopes_of(attention, blocks is not None)))
     return patched
 
 

@@ -110,7 +110,7 @@ import torch
 
 from ..downsample import NEAREST
 from ..merge import IDENTITY, PRUNE
-from .comfyui import RUN_KEY, batch_of_conds, eager, model_call
+from .comfyui import RUN_KEY, batch_of_conds, eager, model_call, options_of_call
 from .comfyui_dit import (
     LAYOUT_KEY,
     SCOPE_BLOCK,
@@ -533,6 +533,11 @@ class BlockScope:
         """How block ``key`` holds its tokens."""
         return BLOCK_FAMILIES[self.family].args[key[0]]
 
+    def reaches(self, net: torch.nn.Module) -> bool:
+        """Whether ``net``'s blocks, as a model call finds them, are those this scope was made for (First Block
+        Cache swaps the block lists for one cached block that runs them all)."""
+        return BLOCK_FAMILIES[self.family].keys(net) == self.keys
+
     def install(self, options: dict) -> None:
         """Put a ``BlockReduction`` on each block of this model call (``options``, the call's own copy), around
         whatever replacement was there (it runs on the reduced tokens)."""
@@ -600,8 +605,10 @@ class BlockReduction:
 
     @eager  # outside compiled graphs: which blocks and steps, and the plan, are decided at every call
     def __call__(self, args: dict, extra: dict) -> dict:
-        options = args.get("transformer_options") or {}
+        options = options_of_call(args, extra)
         layout = options.get(LAYOUT_KEY)
+        if layout is not None:
+            model_call(options).reached.add(SCOPE_BLOCK)
         if layout is not None and layout.row_stride is not None:
             _warn_image_in_rows(options)
             return self.run(args, extra)

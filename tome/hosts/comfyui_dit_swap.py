@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from .comfyui import eager
+from .comfyui import eager, options_of_call
 
 SWAPPED_KEY = "tome_blocks"  # in a model call's transformer_options: the replacements of swapped blocks, by key
 
@@ -37,8 +37,10 @@ class SwappedBlock:
     tome_base: type
 
     def tome_replacement(self, options) -> Callable | None:
-        """This model call's replacement of this block, if the call has one."""
-        return ((options or {}).get(SWAPPED_KEY) or {}).get(self.tome_block_key)
+        """This model call's replacement of this block, if the call has one: from the block's own
+        ``transformer_options``, or the running call's where a step cache's forward calls the block without them
+        (TeaCache's Lumina 2 and HiDream forwards)."""
+        return (options_of_call({"transformer_options": options}).get(SWAPPED_KEY) or {}).get(self.tome_block_key)
 
 
 class LuminaBlock(SwappedBlock):
