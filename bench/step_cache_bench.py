@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import torch
-from dit_bench import DTYPES, build, cases_of, make_inputs, skip_pair, synchronize, video_size
+from dit_bench import DTYPES, blocks_swapped, build, cases_of, make_inputs, skip_pair, synchronize, video_size
 
 from tome_harness import comfyui as comfyui_host
 from tome_harness import machine, step_caches
@@ -41,7 +41,8 @@ from tome_harness.comfyui import ROOT
 
 # The test family whose model_type each of dit_bench's models takes in a cache's node.
 FAMILY_OF_CLASS = {"Flux": "flux", "WAN21_T2V": "wan21", "SD3": "sd3", "HunyuanVideo": "hunyuan_video",
-                   "LTXV": "ltxv", "ZImage": "lumina2", "HiDream": "hidream", "QwenImage": "qwen_image"}
+                   "LTXV": "ltxv", "ZImage": "lumina2", "Lumina2": "lumina2", "HiDream": "hidream",
+                   "QwenImage": "qwen_image"}
 
 
 def settings(nodes, ratios, factors, skips) -> dict:
@@ -116,7 +117,7 @@ class Calls:
                        sample_sigmas=schedule, cond_or_uncond=[0])
         c = {"c_crossattn": context, "transformer_options": options, **conds}
         wrapper = model.model_options.get("model_function_wrapper")
-        with torch.inference_mode():
+        with torch.inference_mode(), blocks_swapped(model):  # Lumina 2's, HiDream's, as loading the clone would
             if wrapper is None:
                 out = model.model.apply_model(x, sigma, **c)
             else:
@@ -134,7 +135,12 @@ def run_case(classes, nodes, case, args, device) -> list[dict]:
     caches = [cache for cache in args.cache if family in step_caches.PACKS[cache].families and
               family not in step_caches.PACKS[cache].fails]
     models = variants(classes, nodes, model, family, caches, args)
-    calls = Calls(make_inputs(case, dtype, device), device)
+    inputs = make_inputs(case, dtype, device)
+    if case.model_class == "Flux":  # the pooled text and Flux dev's guidance, which MagCache's forward requires
+        inputs[3].setdefault("y", torch.zeros(1, case.config["vec_in_dim"], device=device, dtype=dtype))
+        if case.config.get("guidance_embed"):
+            inputs[3].setdefault("guidance", torch.full((1,), 3.5, device=device, dtype=dtype))
+    calls = Calls(inputs, device)
     count = BlockCount(model.get_model_object("diffusion_model"))
     times, distance = {name: [] for name in models}, {}
     for round_ in range(args.repeats + 1):  # the first round warms up and is not timed
@@ -174,7 +180,8 @@ def markdown(rows: list[dict]) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", nargs="+", choices=["flux", "wan13b", "sd35m", "hunyuan", "ltxv", "zimage",
-                                                       "hidream", "qwen"], default=["flux"])
+                                                       "hidream", "qwen", "tiny"], default=["flux"],
+                        help="dit_bench's models (tiny: the test models, a smoke run)")
     parser.add_argument("--cache", nargs="+", choices=list(step_caches.PACKS), default=list(step_caches.PACKS),
                         help="the step caches (each only on the families it covers)")
     parser.add_argument("--frames", type=int, nargs="+", default=[17], help="video models: lengths in frames")
@@ -202,7 +209,8 @@ def main(argv=None) -> None:
                                                 cpu=device.type == "cpu", sdpa=True)
     classes = step_caches.load(nodes_module)
     nodes = comfyui_host.pack_module("nodes")
-    rows = [row for case in cases_of(args) for row in run_case(classes, nodes, case, args, device)]
+    rows = [row for case in cases_of(args) if case.model_class in FAMILY_OF_CLASS
+            for row in run_case(classes, nodes, case, args, device)]
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"step_caches_{'_'.join(args.model)}_{args.dtype}"
     (args.out / f"{stem}.json").write_text(json.dumps({"machine": machine.describe(), "rows": rows}, indent=2))

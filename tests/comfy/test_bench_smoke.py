@@ -310,3 +310,29 @@ def test_sampler_bench_variants_needs_hires(capsys):
         bench.parse_args(["--variants", "ours"])
     err = capsys.readouterr().err
     assert "--variants" in err and "--hires" in err
+
+
+def test_step_cache_bench_times_computed_forwards_where_the_stack_computes_what_ours_alone_does(comfy_nodes):
+    """Under each cache's forward, at a step it computes, the block scope computes what our node alone computes
+    (the same output distance from no patch), and the attention scope, out of reach under TeaCache's and
+    MagCache's forwards and First Block Cache's Flux forward, computes the cache alone's."""
+    from tome_harness import comfyui as comfyui_host
+    from tome_harness import step_caches
+
+    bench = load_bench("step_cache_bench")
+    args = bench.parse_args(["--model", "tiny", "--blocks", "3", "--repeats", "1"])
+    (case,) = [case for case in bench.cases_of(args) if case.name == "tiny-flux-3blocks"]
+    rows = bench.run_case(step_caches.load(comfy_nodes), comfyui_host.pack_module("nodes"), case, args,
+                          torch.device("cpu"))
+    by_name = {row["variant"]: row for row in rows}
+    ours = ("tome-0.5-block", "todo-2-block", "todo-2")
+    assert list(by_name) == ["none", *ours, *(f"{cache}{f' + {name}' if name else ''}" for cache in step_caches.PACKS
+                                              for name in ("", *ours))]
+    for cache in step_caches.PACKS:
+        assert by_name[cache]["relative distance"] == pytest.approx(0.0, abs=1e-5)
+        assert by_name[cache]["over the cache"] == 1.0 and by_name[f"{cache} + todo-2"]["cache"] == cache
+        for name in ("tome-0.5-block", "todo-2-block"):
+            alone = by_name[name]["relative distance"]
+            assert by_name[f"{cache} + {name}"]["relative distance"] == pytest.approx(alone, abs=1e-5) and alone > 0.01
+        assert by_name[f"{cache} + todo-2"]["relative distance"] == pytest.approx(0.0, abs=1e-5)
+    assert "| tiny-flux-3blocks | TeaCache + tome-0.5-block |" in bench.markdown(rows)
