@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/quality_bench.py                       # every judge and setting (an hour or more)
     .venv/bin/python bench/quality_bench.py --layout sd15 --smoke  # seconds: one photograph and seed, 2 steps
+    .venv/bin/python bench/quality_bench.py --layout sd15-512 --steps 8 --setting none --setting "ToMe 0.5"
+    .venv/bin/python bench/quality_bench.py --known-orders --layout sd15  # what the measures of quality must show
     .venv/bin/python bench/quality_bench.py --depth                # each block's change of the image tokens
     .venv/bin/python bench/quality_bench.py --findings bench/records/quality/*.json  # both generations' findings
     .venv/bin/python bench/quality_bench.py --tables bench/records/quality/flux-512.json  # a run's tables again
@@ -18,10 +20,20 @@ On the held-out photographs (``tome_harness.photos.HELD_OUT``), for each setting
   unpatched model's (1.00: no cost; below 1 happens: a reduction that smooths a blurry prediction can land
   nearer the photograph). "x0 change": its squared distance from the unpatched prediction over the
   unpatched model's error (0: no change): what the setting does to the model, free of that luck;
-- (b) img2img: denoise 0.5 of 20 euler steps from each photograph: PSNR and SSIM against the unpatched
-  output, PSNR against the photograph;
-- (c) from noise: 20 euler steps from pure noise, fixed seeds: PSNR against the unpatched sample, and the
-  transformer block calls that ran (a step cache such as core EasyCache skips whole model calls).
+- (b) img2img: denoise 0.5 and 0.75 of 20 euler steps (``--steps``) from each photograph: PSNR and SSIM
+  against the unpatched output and against the photograph, and the output's detail (high-frequency energy,
+  ``tome_harness.quality_measures.detail``) over the unpatched output's and over the photograph's;
+- (c) from noise: 20 euler steps from pure noise, fixed seeds: PSNR against the unpatched sample, detail over
+  the unpatched sample's and over the photographs', the distance of each sample's 8x8 patches from the held-out
+  photographs' (``patch_distance``: how real its textures are, no network needed) beside its floor, a training
+  photograph's distance, and the transformer block calls that ran (a step cache such as core EasyCache skips
+  whole model calls).
+
+Detail and patch distance see the photographs through the judge's pixel map, as its outputs are made (the real
+footprint's keeps 4 or 16 components of each 8x8 patch): they measure the model, not the map. The unpatched
+model at fewer steps ("no patch, 10 steps": ``--fewer-steps``, by default 14, 10 and 7 at 20 steps and 6, 4
+and 3 at 8) is measured as a setting, against the unpatched run at ``--steps``: the baseline a speed-up must
+beat.
 
 Every figure is a mean with its standard deviation over photographs and seeds. Pruning (``reduce=PRUNE``)
 drops the very tokens ToMe would merge: merging's gain over it is what averaging buys. On DiTs, the "plain
@@ -37,12 +49,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -50,10 +61,15 @@ import torch
 
 from tome_harness import comfyui as comfyui_host
 from tome_harness import photos
+from tome_harness import quality_measures as qm
 from tome_harness import trained_models as tm
 
-STEPS = 20
-DENOISE = 0.5
+STEPS = 20  # the default of --steps
+DENOISE = 0.5  # the img2img strength of the rows recorded first: its figures keep their keys unsuffixed
+DENOISES = (DENOISE, 0.75)
+# The unpatched model at fewer steps for a run of 20 or 8 (--steps): about 0.7, 0.5 and 0.35 of them, what a user
+# can already do to go faster.
+FEWER_STEPS = {20: (14, 10, 7), 8: (6, 4, 3)}
 SAMPLER, SCHEDULER = "euler", "simple"
 NOISE_SEEDS = (0, 1)  # per photograph, for (a) and (b)
 SAMPLE_SEEDS = (0, 1, 2, 3)  # for (c)
@@ -65,6 +81,7 @@ class Setting:
 
     name: str
     patch: Callable  # (pack, model, layout) -> patched model
+    steps: int | None = None  # sample with these steps, not the run's (still compared with the run's unpatched)
     unet_only: bool = False
     video_only: bool = False
     dit_only: bool = False
@@ -106,6 +123,16 @@ def easycache(then: Callable | None = None) -> Callable:
     return patch
 
 
+def unpatched(pack, model, layout):
+    return model
+
+
+def fewer_steps(counts: Iterable[int]) -> list[Setting]:
+    """The unpatched model sampled with each of ``counts`` steps ("no patch, 10 steps"), compared with the unpatched
+    model at the run's steps: the baseline every speed-up is judged against."""
+    return [Setting(f"no patch, {count} steps", unpatched, steps=count) for count in counts]
+
+
 def settings() -> list[Setting]:
     from tome.downsample import AVERAGE
     from tome.hosts.comfyui_dit import MAX_REUSE_BLOCKS, SCOPE_BLOCK
@@ -114,7 +141,7 @@ def settings() -> list[Setting]:
     from tome.merge import PRUNE
 
     return [
-        Setting("none", lambda pack, model, layout: model),
+        Setting("none", unpatched),
         Setting("ToMe 0.3", tome(0.3)),
         Setting("ToMe 0.5", tome(0.5)),
         Setting("ToMe 0.7", tome(0.7)),
@@ -220,22 +247,7 @@ def conditioning(layout: tm.Layout) -> tuple[list, list]:
     return prompt, prompt
 
 
-# Image measures.
-
-def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Of images in [0, 1]; 100 dB for identical ones."""
-    mse = float((a - b).square().mean())
-    return 100.0 if mse == 0 else 10 * math.log10(1.0 / mse)
-
-
-def ssim(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Of ``[3, H, W]`` images (or ``[3, T, H, W]`` clips: the mean over frames)."""
-    from skimage.metrics import structural_similarity
-
-    if a.ndim == 4:
-        return statistics.fmean(ssim(a[:, t], b[:, t]) for t in range(a.shape[1]))
-    return float(structural_similarity(a.numpy(), b.numpy(), channel_axis=0, data_range=1.0))
-
+# Measures (of images: ``tome_harness.quality_measures``).
 
 def mse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Per batch element."""
@@ -248,13 +260,53 @@ def spread(values: list[float]) -> dict[str, float]:
 
 @dataclass
 class Run:
-    """The sizes of one run: the sampling steps, the held-out latents, the seeds and the noise levels."""
+    """The sizes of one run: the sampling steps, the held-out latents, the seeds, the noise levels and the img2img
+    strengths."""
 
     steps: int
     photos: torch.Tensor  # model-space latents of the held-out photographs
     noise_seeds: tuple[int, ...]
     sample_seeds: tuple[int, ...]
     percents: tuple[float, ...]
+    denoises: tuple[float, ...] = DENOISES
+
+
+@dataclass
+class Photographs:
+    """What a judge's outputs are measured against: the held-out photographs as taken (PSNR, SSIM) and as the
+    judge sees them through its pixel map (detail, patch distance: the best its outputs can hold; the real
+    footprint's map keeps 4 or 16 components of each 8x8 patch), and the floor of the patch distance."""
+
+    pixels: torch.Tensor
+    seen: torch.Tensor
+    floor: list[float]  # each training photograph's patch distance to ``seen``, through the map too
+
+
+def seen_by(layout: tm.Layout, pixels: torch.Tensor) -> torch.Tensor:
+    """``pixels`` through ``layout``'s pixel map and back."""
+    return tm.to_pixels(tm.to_latent(pixels, layout), layout)
+
+
+def training_pixels(layout: tm.Layout) -> torch.Tensor:
+    """The training photographs as the held-out ones are shown to ``layout``: the centred square of each at the
+    judge's size (``[N, 3, H, W]``; for a video judge, images to set beside its clips' frames)."""
+    side = layout.pixels
+    return torch.stack([photos.center_crop(photos.load(name, photos.long_side_for(side)), side)
+                        for name in photos.training_names()])
+
+
+def photographs_for(layout: tm.Layout, pixels: torch.Tensor) -> Photographs:
+    """The floor: each training photograph alone against the held-out set, as a sample from noise is."""
+    seen = seen_by(layout, pixels)
+    return Photographs(pixels, seen, [qm.patch_distance(image, seen)
+                                      for image in seen_by(layout, training_pixels(layout))])
+
+
+def from_noise(model, layout: tm.Layout, run: Run) -> torch.Tensor:
+    """``run.steps`` euler steps from pure noise, one batch of a seed each: pixels."""
+    empty = torch.zeros((len(run.sample_seeds), *run.photos.shape[1:]))
+    noise = torch.cat([noise_like(empty[:1], seed) for seed in run.sample_seeds])
+    return to_pixels(model, sample(model, layout, empty, noise, run.steps, 1.0), layout)
 
 
 def outputs(model, layout: tm.Layout, run: Run) -> dict[str, torch.Tensor]:
@@ -264,15 +316,15 @@ def outputs(model, layout: tm.Layout, run: Run) -> dict[str, torch.Tensor]:
         for seed in run.noise_seeds:
             out[f"x0 {percent} {seed}"] = model.model.process_latent_in(predict_x0(model, layout, run.photos,
                                                                                    percent, seed))
-    for seed in run.noise_seeds:
-        out[f"img2img {seed}"] = to_pixels(model, sample(model, layout, run.photos, seed, run.steps, DENOISE), layout)
-    empty = torch.zeros((len(run.sample_seeds), *run.photos.shape[1:]))
-    noise = torch.cat([noise_like(empty[:1], seed) for seed in run.sample_seeds])  # one batch, a seed each
+    for denoise in run.denoises:
+        for seed in run.noise_seeds:
+            out[f"img2img {denoise} {seed}"] = to_pixels(model, sample(model, layout, run.photos, seed, run.steps,
+                                                                       denoise), layout)
     calls = []  # the transformer block calls that ran: a step cache skips whole model calls, every block of them
     counting = [module.register_forward_pre_hook(lambda *_: calls.append(1))
                 for module in model.model.diffusion_model.modules() if type(module).__name__ in BLOCK_IMAGE]
     try:
-        samples = to_pixels(model, sample(model, layout, empty, noise, run.steps, 1.0), layout)
+        samples = from_noise(model, layout, run)
     finally:
         for handle in counting:
             handle.remove()
@@ -282,7 +334,44 @@ def outputs(model, layout: tm.Layout, run: Run) -> dict[str, torch.Tensor]:
     return out
 
 
-def measures(run: Run, got: dict, reference: dict, photographs: torch.Tensor) -> dict:
+def img2img_measures(run: Run, got: dict, reference: dict, photographs: Photographs, denoise: float) -> dict:
+    """The img2img figures at strength ``denoise``, over photographs and seeds: against the unpatched output and
+    the photograph, and the detail. Keys end in the strength but at ``DENOISE``."""
+    suffix = "" if denoise == DENOISE else f" {denoise}"
+    count = len(photographs.pixels)
+    outs = [(got[f"img2img {denoise} {s}"][i], reference[f"img2img {denoise} {s}"][i], i)
+            for s in run.noise_seeds for i in range(count)]
+    figures = {
+        "img2img PSNR": [qm.psnr(a, b) for a, b, _ in outs],
+        "img2img SSIM": [qm.ssim(a, b) for a, b, _ in outs],
+        "img2img PSNR to photo": [qm.psnr(a, photographs.pixels[i]) for a, _, i in outs],
+        "img2img SSIM to photo": [qm.ssim(a, photographs.pixels[i]) for a, _, i in outs],
+        "img2img detail": [qm.detail(a) for a, _, _ in outs],
+        "img2img detail ratio to no patch": [qm.detail(a) / qm.detail(b) for a, b, _ in outs],
+        "img2img detail ratio to photo": [qm.detail(a) / qm.detail(photographs.seen[i]) for a, _, i in outs],
+    }
+    return {name + suffix: spread(values) for name, values in figures.items()}
+
+
+def sample_measures(run: Run, got: dict, reference: dict, photographs: Photographs) -> dict:
+    """The figures of the samples from noise, over seeds: against the unpatched sample of each seed, their detail,
+    and how far each sample's patches lie from the held-out photographs' (beside the floor, a training photograph's
+    distance; and over the unpatched sample's distance, whose spread says whether a change holds seed by seed)."""
+    pairs = [(got[f"sample {s}"], reference[f"sample {s}"]) for s in run.sample_seeds]  # sets of one sample
+    photo_detail = qm.detail(photographs.seen)
+    distances = [(qm.patch_distance(a, photographs.seen), qm.patch_distance(b, photographs.seen)) for a, b in pairs]
+    return {
+        "sample PSNR": spread([qm.psnr(a, b) for a, b in pairs]),
+        "sample detail": spread([qm.detail(a) for a, _ in pairs]),
+        "sample detail ratio to no patch": spread([qm.detail(a) / qm.detail(b) for a, b in pairs]),
+        "sample detail ratio to photos": spread([qm.detail(a) / photo_detail for a, _ in pairs]),
+        "sample patch distance": spread([ours for ours, _ in distances]),
+        "sample patch distance ratio to no patch": spread([ours / base for ours, base in distances]),
+        "sample patch distance floor": spread(photographs.floor),
+    }
+
+
+def measures(run: Run, got: dict, reference: dict, photographs: Photographs) -> dict:
     """One setting's figures against the unpatched ``reference`` outputs, each with its spread."""
     row = {}
     for percent in run.percents:
@@ -294,25 +383,42 @@ def measures(run: Run, got: dict, reference: dict, photographs: torch.Tensor) ->
             changes += (mse(ours, base) / base_error).tolist()
         row[f"x0 error {percent}"] = spread(errors)
         row[f"x0 change {percent}"] = spread(changes)
-    pairs = [(got[f"img2img {s}"][i], reference[f"img2img {s}"][i], photographs[i])
-             for s in run.noise_seeds for i in range(len(photographs))]
-    row["img2img PSNR"] = spread([psnr(a, b) for a, b, _ in pairs])
-    row["img2img SSIM"] = spread([ssim(a, b) for a, b, _ in pairs])
-    row["img2img PSNR to photo"] = spread([psnr(a, p) for a, _, p in pairs])
-    row["sample PSNR"] = spread([psnr(got[f"sample {s}"][0], reference[f"sample {s}"][0]) for s in run.sample_seeds])
+    for denoise in run.denoises:
+        row.update(img2img_measures(run, got, reference, photographs, denoise))
+    row.update(sample_measures(run, got, reference, photographs))
     row["sample block calls"] = {"ran": got["sample block calls"], "unpatched": reference["sample block calls"]}
     return row
 
 
-def bench_layout(pack, layout: tm.Layout, run: Run, photographs: torch.Tensor, chosen: list[Setting]) -> list[dict]:
+def bench_layout(pack, layout: tm.Layout, run: Run, photographs: Photographs, chosen: list[Setting]) -> list[dict]:
     model = tm.trained(layout)
     reference = outputs(model, layout, run)
     rows = []
     for setting in chosen:
-        got = reference if setting.name == "none" else outputs(setting.patch(pack, model, layout), layout, run)
+        if setting.name == "none":
+            got = reference
+        else:
+            got = outputs(setting.patch(pack, model, layout), layout, replace(run, steps=setting.steps or run.steps))
         rows.append({"layout": layout.name, "setting": setting.name, **measures(run, got, reference, photographs)})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
+
+
+def known_orders(layout: tm.Layout, run: Run, photographs: Photographs) -> dict[str, float]:
+    """What the measures must show on a judge, over its samples from noise (the run's steps and seeds): their
+    patches nearer the held-out photographs' than its untrained twin's samples are, and less detail in a blur of
+    them (``DETAIL_SIGMA``); the blur's patch distance beside theirs and the floor's (a blur can bring samples
+    nearer, where they hold more fine detail than the photographs)."""
+    trained = from_noise(tm.trained(layout), layout, run)
+    untrained = from_noise(tm.untrained(layout), layout, run)
+    blurred = qm.gaussian_blur(trained, qm.DETAIL_SIGMA)
+
+    def distance(samples):
+        return statistics.fmean(qm.patch_distance(one, photographs.seen) for one in samples.split(1))
+
+    return {"floor": statistics.fmean(photographs.floor), "trained": distance(trained),
+            "untrained": distance(untrained), "blurred": distance(blurred), "photo detail": qm.detail(photographs.seen),
+            "trained detail": qm.detail(trained), "blurred detail": qm.detail(blurred)}
 
 
 # Why a setting costs what it costs.
@@ -469,7 +575,40 @@ def markdown(rows: list[dict], percents=tm.EVAL_PERCENTS) -> str:
                       cell(r["sample PSNR"], 1) if r["setting"] != "none" else "-"]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
+        out += quality_table([r for r in rows if r["layout"] == name])
     return "\n".join(out)
+
+
+QUALITY_COLUMNS = (  # the second table's: (header, key, digits), where the rows have it (runs since issue 42)
+    ("img2img SSIM to photo", "img2img SSIM to photo", 3),
+    ("img2img detail / no patch", "img2img detail ratio to no patch", 2),
+    ("img2img detail / photo", "img2img detail ratio to photo", 2),
+    ("img2img 0.75 PSNR (dB)", "img2img PSNR 0.75", 1),
+    ("img2img 0.75 PSNR to photo (dB)", "img2img PSNR to photo 0.75", 1),
+    ("img2img 0.75 SSIM to photo", "img2img SSIM to photo 0.75", 3),
+    ("img2img 0.75 detail / photo", "img2img detail ratio to photo 0.75", 2),
+    ("sample detail / no patch", "sample detail ratio to no patch", 2),
+    ("sample detail / photos", "sample detail ratio to photos", 2),
+    ("sample patch distance", "sample patch distance", 4),
+    ("sample patch distance / no patch", "sample patch distance ratio to no patch", 2),
+)
+
+
+def quality_table(rows: list[dict]) -> list[str]:
+    """One layout's measures of quality, not only of identity: against the photographs, detail (ratios of
+    ``quality_measures.detail``), the samples' patch distance to the held-out photographs beside its floor (a
+    training photograph's). No lines where the rows lack them."""
+    rows = [r for r in rows if "sample patch distance" in r]
+    if not rows:
+        return []
+    floor = rows[0]["sample patch distance floor"]
+    head = ["setting"] + [header for header, _, _ in QUALITY_COLUMNS]
+    out = [f"measures of quality (patch distance of a training photograph: {cell(floor, 4)})", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        out.append("| " + " | ".join([r["setting"]] + [cell(r[key], digits) for _, key, digits in QUALITY_COLUMNS])
+                   + " |")
+    return out + [""]
 
 
 FAMILY_NAMES = {"SD15": "SD1.5", "SDXL": "SDXL", "SD3": "SD3.5", "Flux": "Flux", "WAN21_T2V": "Wan 2.1"}
@@ -588,7 +727,7 @@ def picture(pack, path: Path, layouts: list[tm.Layout], names=PICTURE_SETTINGS, 
                             layout)[0]
             difference = ((out - reference).abs().mean(0, keepdim=True) * DIFFERENCE_GAIN).clamp(0, 1).expand(3,
                                                                                                         *out.shape[1:])
-            tiles += [(out, f"{psnr(out, reference):.1f} dB"), (difference, "")]
+            tiles += [(out, f"{qm.psnr(out, reference):.1f} dB"), (difference, "")]
         for col, (image, text) in enumerate(tiles):
             if image is None:
                 continue
@@ -605,6 +744,13 @@ def main(argv=None) -> int:
                         help="repeatable; default: the committed judges of the real footprint")
     parser.add_argument("--setting", action="append", help="a setting by name (repeatable; default: all)")
     parser.add_argument("--smoke", action="store_true", help="one photograph, one seed, one noise level, 2 steps")
+    parser.add_argument("--steps", type=int, default=STEPS,
+                        help=f"sampling steps of the img2img runs and the samples from noise (default {STEPS})")
+    parser.add_argument("--fewer-steps", type=int, nargs="*", metavar="N",
+                        help="settings of the unpatched model sampled with N steps (\"no patch, N steps\"), compared "
+                             "with its run at --steps; default: " + ", ".join(
+                                 f"{' '.join(map(str, fewer))} at {steps}" for steps, fewer in FEWER_STEPS.items())
+                             + ", none at other steps")
     parser.add_argument("--out", type=Path, help="write the JSON rows here")
     parser.add_argument("--into", type=Path, metavar="JSON",
                         help="merge the rows into this run's rows instead (a committed record completed by a "
@@ -612,6 +758,9 @@ def main(argv=None) -> int:
     parser.add_argument("--picture", type=Path, help="also draw the README's picture here (PNG)")
     parser.add_argument("--locality", action="store_true",
                         help="instead: how local each DiT's image self-attention is (what ToDo nearest costs)")
+    parser.add_argument("--known-orders", action="store_true",
+                        help="instead: on each judge, the patch distance of its samples, its untrained twin's and a "
+                             "blur of its samples to the held-out photographs, and their detail")
     parser.add_argument("--depth", action="store_true",
                         help="instead: how much each transformer block changes the image tokens")
     parser.add_argument("--redundancy", action="store_true",
@@ -634,7 +783,9 @@ def main(argv=None) -> int:
         dit = comfyui_host.pack_module("tome.hosts.comfyui_dit")
         nodes_module = nodes
 
-    chosen = [s for s in settings() if args.setting is None or s.name in args.setting]
+    steps = 2 if args.smoke else args.steps
+    candidates = settings() + fewer_steps(FEWER_STEPS.get(steps, ()) if args.fewer_steps is None else args.fewer_steps)
+    chosen = [s for s in candidates if args.setting is None or s.name in args.setting]
     layouts = [tm.LAYOUTS[name] for name in args.layout or tm.committed(tm.GENERATIONS["real footprint"])]
     if args.locality:
         print("| model | attention on the own key | on the 3x3 neighbourhood | 3x3 if uniform |\n|---|---|---|---|")
@@ -656,15 +807,26 @@ def main(argv=None) -> int:
             print(f"| {layout.name} | {layout.footprint} | {len(found)} | {', '.join(f'{c:.2f}' for c in found)} | "
                   f"{statistics.median(found):.2f} |")
         return 0
-    rows = []
-    for layout in layouts:
-        count = 1 if args.smoke else len(photos.HELD_OUT)
-        pixels = tm.held_out_pixels(layout)[:count]
-        run = Run(steps=2 if args.smoke else STEPS, photos=tm.to_latent(pixels, layout),
+
+    def run_on(layout: tm.Layout) -> tuple[Run, Photographs]:
+        pixels = tm.held_out_pixels(layout)[:1 if args.smoke else len(photos.HELD_OUT)]
+        run = Run(steps=steps, photos=tm.to_latent(pixels, layout),
                   noise_seeds=NOISE_SEEDS[:1] if args.smoke else NOISE_SEEDS,
                   sample_seeds=SAMPLE_SEEDS[:1] if args.smoke else SAMPLE_SEEDS,
                   percents=(0.5,) if args.smoke else tm.EVAL_PERCENTS)
-        rows += bench_layout(Pack, layout, run, pixels, [s for s in chosen if s.applies_to(layout)])
+        return run, photographs_for(layout, pixels)
+
+    if args.known_orders:
+        print("| model | steps | patch distance: floor | samples | untrained twin's | samples blurred | detail: "
+              "photographs | samples | samples blurred |\n|---|---|---|---|---|---|---|---|---|")
+        for layout in layouts:
+            found = known_orders(layout, *run_on(layout))
+            print(f"| {layout.name} | {steps} | " + " | ".join(f"{found[key]:.4f}" for key in (
+                "floor", "trained", "untrained", "blurred", "photo detail", "trained detail", "blurred detail")) + " |")
+        return 0
+    rows = []
+    for layout in layouts:
+        rows += bench_layout(Pack, layout, *run_on(layout), [s for s in chosen if s.applies_to(layout)])
     print(markdown(rows, (0.5,) if args.smoke else tm.EVAL_PERCENTS))
     if args.into:
         rows = merged(json.loads(args.into.read_text()), rows)
