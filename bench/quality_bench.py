@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from tome_harness import comfyui as comfyui_host
-from tome_harness import photos
+from tome_harness import photos, step_caches
 from tome_harness import quality_measures as qm
 from tome_harness import trained_models as tm
 
@@ -85,10 +85,13 @@ class Setting:
     unet_only: bool = False
     video_only: bool = False
     dit_only: bool = False
+    families: tuple[str, ...] = ()  # the judges' config classes it applies to (none named: every one)
+    min_steps: int = 1  # runs of fewer steps leave it out (a step cache needs a run to skip in; MagCache, 20)
 
     def applies_to(self, layout: tm.Layout) -> bool:
         return ((layout.is_unet or not self.unet_only) and (layout.frames > 0 or not self.video_only)
-                and not (layout.is_unet and self.dit_only))
+                and not (layout.is_unet and self.dit_only)
+                and (not self.families or layout.config_class in self.families))
 
 
 def tome(ratio: float, **inputs) -> Callable:
@@ -121,6 +124,43 @@ def easycache(then: Callable | None = None) -> Callable:
         return pack.nodes_module.NODE_CLASS_MAPPINGS["EasyCache"].execute(
             patched, reuse_threshold=0.2, start_percent=0.15, end_percent=0.95, verbose=False).result[0]
     return patch
+
+
+CACHE_MIN_STEPS = 4  # a third-party step cache's rows need a run this long (the smoke run's 2 steps leave them out)
+# The families of the pinned third-party step caches (``tome_harness.step_caches``) by the judges' config class.
+CACHE_FAMILY = {"Flux": "flux", "WAN21_T2V": "wan21", "SD3": "sd3"}
+
+
+def step_cache(name: str, then: Callable | None = None) -> Callable:
+    """A pinned third-party step cache (TeaCache, MagCache, First Block Cache: its node at the pack's defaults,
+    with the family's ``model_type``) on top of ``then`` (a pack setting) where given: it skips whole model calls
+    (First Block Cache: all but the first block), which the block calls of the runs from noise count."""
+    def patch(pack, model, layout):
+        patched = then(pack, model, layout) if then else model
+        return step_caches.cached(step_caches.load(pack.nodes_module), name, patched,
+                                  CACHE_FAMILY[layout.config_class])
+    return patch
+
+
+def step_cache_settings(scope_block: str) -> list[Setting]:
+    """Each pinned step cache alone on the judges of the families it covers, and stacked with what of ours acts
+    under it there (docs/SPEED_STACK.md): the block scope's ToMe 0.5 under TeaCache and MagCache (their forwards
+    leave the attention override out of reach) and under First Block Cache's Flux forward; the attention scope's
+    ToDo 2 under First Block Cache on SD3.5 (its cached block leaves the block scope out)."""
+    from tome.hosts.comfyui_models import AUTO
+    from tome_harness.step_caches import FIRST_BLOCK_CACHE, MAGCACHE, PACKS, TEACACHE
+
+    block = tome(0.5, dit_scope=scope_block)
+    out = []
+    for cache, stacked in ((TEACACHE, ("Flux", "WAN21_T2V")), (MAGCACHE, ("Flux", "WAN21_T2V")),
+                           (FIRST_BLOCK_CACHE, ("Flux",))):
+        covered = tuple(c for c, family in CACHE_FAMILY.items() if family in PACKS[cache].families)
+        least = max(CACHE_MIN_STEPS, PACKS[cache].min_steps)
+        out += [Setting(cache, step_cache(cache), dit_only=True, families=covered, min_steps=least),
+                Setting(f"{cache} + ToMe 0.5 block", step_cache(cache, block), dit_only=True, families=stacked,
+                        min_steps=least)]
+    return out + [Setting(f"{FIRST_BLOCK_CACHE} + ToDo 2 auto", step_cache(FIRST_BLOCK_CACHE, todo(2, method=AUTO)),
+                          dit_only=True, families=("SD3",), min_steps=CACHE_MIN_STEPS)]
 
 
 def unpatched(pack, model, layout):
@@ -196,6 +236,7 @@ def settings() -> list[Setting]:
         # A step cache alone and stacked with the README's DiT setting, for the DiT frontier pictures.
         Setting("EasyCache", easycache(), dit_only=True),
         Setting("EasyCache + ToDo 2 auto", easycache(todo(2, method=AUTO)), dit_only=True),
+        *step_cache_settings(SCOPE_BLOCK),
     ]
 
 
@@ -226,9 +267,11 @@ def predict_x0(model, layout, latent, percent: float, seed: int) -> torch.Tensor
     import comfy.samplers
 
     sigma = model.model.model_sampling.percent_to_sigma(percent)
+    # The first call of a run of STEPS from that sigma: a step cache sees the first step of a run (MagCache keeps
+    # a fifth of a run whole and divides by its steps; a run of one step it cannot take).
     return comfy.sample.sample_custom(model, noise_like(latent, seed), 1.0, comfy.samplers.KSAMPLER(first_prediction),
-                                      torch.tensor([sigma, 0.0]), *conditioning(layout), vae_space(model, latent),
-                                      disable_pbar=True, seed=seed)
+                                      torch.linspace(sigma, 0.0, STEPS + 1), *conditioning(layout),
+                                      vae_space(model, latent), disable_pbar=True, seed=seed)
 
 
 def sample(model, layout, latent, noise: int | torch.Tensor, steps: int, denoise: float) -> torch.Tensor:
@@ -785,7 +828,7 @@ def main(argv=None) -> int:
 
     steps = 2 if args.smoke else args.steps
     candidates = settings() + fewer_steps(FEWER_STEPS.get(steps, ()) if args.fewer_steps is None else args.fewer_steps)
-    chosen = [s for s in candidates if args.setting is None or s.name in args.setting]
+    chosen = [s for s in candidates if (args.setting is None or s.name in args.setting) and s.min_steps <= steps]
     layouts = [tm.LAYOUTS[name] for name in args.layout or tm.committed(tm.GENERATIONS["real footprint"])]
     if args.locality:
         print("| model | attention on the own key | on the 3x3 neighbourhood | 3x3 if uniform |\n|---|---|---|---|")

@@ -137,7 +137,8 @@ def test_the_quality_bench_smoke_run_measures_every_setting(comfy_nodes, tmp_pat
                    check=True, cwd=ROOT, capture_output=True, timeout=1800)
     rows = json.loads(out.read_text())
     bench = load_bench("quality_bench")
-    expected = sum(1 for name in TRAINED for s in bench.settings() if s.applies_to(tm.LAYOUTS[name]))
+    expected = sum(1 for name in TRAINED for s in bench.settings() if s.applies_to(tm.LAYOUTS[name]) and
+                   s.min_steps <= 2)  # the smoke run's steps: the step caches' rows need longer runs
     assert len(rows) == expected
     # The block scope leaves the first and last few blocks whole (2 and 2 by default, none with "all blocks",
     # "skip F:L" names them): nothing on a model of that many blocks or fewer.
