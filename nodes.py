@@ -2,11 +2,10 @@
 
 What the nodes do lives in ``tome/hosts/``: ``comfyui_models`` sends each model to its
 adapter, ``comfyui_unet`` (SD1.x, SD2.x, SDXL) or ``comfyui_dit`` (SD3.5, Flux / Flux 2 /
-Chroma, Wan, Qwen-Image, Lumina 2, HunyuanVideo, LTX-Video, HiDream, Cosmos 1 and Predict2, Mochi). Node
-ids, input names, types, defaults and ranges are those of the V1 nodes that came before, so
-saved workflows keep loading; inputs added later are optional. One default changed: Apply ToDo's method is
-``auto`` (the family's cheaper pooling), a choice added beside the old ones, so a saved workflow keeps the
-method it stored.
+Chroma, Wan, Qwen-Image, Lumina 2, HunyuanVideo, LTX-Video, HiDream, Cosmos 1 and Predict2, Mochi); the ranges
+both adapters check are in ``comfyui``, the DiT-only ones in ``dit_settings``. Node ids and input names never
+change, so saved workflows keep loading; inputs that not every saved graph has are optional, with defaults.
+Apply ToDo's ``auto`` method is a choice beside the named ones, so a saved workflow keeps the method it stored.
 """
 
 from __future__ import annotations
@@ -15,22 +14,17 @@ import dataclasses
 
 from comfy_api.latest import ComfyExtension, io
 
-from .tome.hosts.comfyui_dit import (
-    DIT_SCOPES,
-    MAX_SKIP_BLOCKS,
-    SCOPE_ATTENTION,
-    SKIP_FIRST_BLOCKS,
-    SKIP_LAST_BLOCKS,
-)
+from .tome.hosts.comfyui import MAX_FACTOR, MAX_RATIO, MAX_REUSE_STEPS, MAX_STRIDE, MERGE_MODES, MERGE_QKV
 from .tome.hosts.comfyui_models import AUTO, METHOD_CHOICES, apply_todo, apply_tome, auto_method_summary
-from .tome.hosts.comfyui_unet import DOWNSAMPLE_CHOICES, MERGE_MODES, MERGE_QKV, SCOPE_SELF, SCOPES
+from .tome.hosts.comfyui_unet import DOWNSAMPLE_CHOICES, SCOPE_SELF, SCOPES
+from .tome.hosts.dit_settings import DIT_SCOPES, MAX_SKIP_BLOCKS, SCOPE_ATTENTION, SKIP_FIRST_BLOCKS, SKIP_LAST_BLOCKS
 
 CATEGORY = "model_patches/unet"
 
-# Other words people search for. ComfyUI sends them in /object_info and its frontend's node search matches them
-# since January 2026 (io.Schema's search_aliases); ComfyUI 0.3.75's schema has no such field, so there they are
-# left out and the nodes are found by their ids and display names only, which hold two aliases of each node
-# ("tome" / "todo" and the method's full name).
+# Other words people search for. Where io.Schema has search_aliases (newer ComfyUI), ComfyUI sends them in
+# /object_info and its frontend's node search matches them; where it has none (0.3.75) they are left out and the
+# nodes are found by their ids and display names only, which hold two aliases of each node ("tome" / "todo" and
+# the method's full name).
 TOME_ALIASES = ["tome", "token merging", "merge tokens", "TomePatchModel", "speed up", "faster"]
 TODO_ALIASES = ["todo", "token downsampling", "downsample tokens", "tome", "TomePatchModel", "speed up", "faster"]
 HAS_SEARCH_ALIASES = "search_aliases" in {field.name for field in dataclasses.fields(io.Schema)}
@@ -66,23 +60,22 @@ def window_inputs(tool: str) -> list[io.Float.Input]:
 
 
 def dit_scope_inputs(reduced: str, change: str) -> list[io.Input]:
-    """The block scope's inputs (optional, so graphs saved before them still validate; absent: the attention
-    scope, as before). ``reduced``: what the node does to the image tokens; ``change``: what each token gets."""
+    """The block scope's inputs (optional, so graphs without them still validate; absent: the attention scope).
+    ``reduced``: what the node does to the image tokens; ``change``: what each token gets."""
     blocks = ("(in the order they run: Flux's, HunyuanVideo's and HiDream's double blocks, then their single "
               f"blocks) run whole at dit_scope 'block'. 0 to {MAX_SKIP_BLOCKS}; Flux has 57 blocks, SD3.5 medium 24, "
               "SD3.5 large 38, Wan 14B 40, Qwen-Image 60, Z-Image 30, HunyuanVideo 60, LTX-Video 2B 28, HiDream 48, "
-              "Mochi 48. Default 2: on every "
-              "trained judge a block at either end cost 1.4 to 2.2 times a middle block to reduce. SD3.5's fast "
-              "setting spares 3 at each end of medium's 24. No meaning at dit_scope 'attention' or on U-Nets.")
+              "Mochi 48. Default 2: the blocks at either end cost the most to reduce. SD3.5's fast setting spares 3 "
+              "at each end of medium's 24. No meaning at dit_scope 'attention' or on U-Nets.")
     return [
         io.Combo.Input("dit_scope", options=list(DIT_SCOPES), default=SCOPE_ATTENTION, optional=True,
                        tooltip="DiTs: where the image tokens are reduced. attention: inside each attention call "
-                               "only (as before). block: the whole block (projections, attention and MLP) runs on "
+                               "only. block: the whole block (projections, attention and MLP) runs on "
                                f"the {reduced} image tokens; text and reference tokens stay whole, and each image "
                                f"token keeps its own residual and gets {change}. Faster, at more cost in fidelity "
-                               "(measured: the fast setting on SD3.5; on Flux every block setting costs more than "
-                               "the README allows). A start_percent of about 0.2 keeps the first steps whole and "
-                               "the samples nearer. Flux, Flux 2, Chroma, SD3 / SD3.5, Wan 2.x (t2v, i2v, "
+                               "(the recommended settings use it on SD3.5; on Flux every block setting costs more "
+                               "than the README allows). A start_percent of about 0.2 keeps the first steps whole "
+                               "and the samples nearer. Flux, Flux 2, Chroma, SD3 / SD3.5, Wan 2.x (t2v, i2v, "
                                "Fun, VACE, 2.2 5B, Animate), Qwen-Image, Lumina 2 / Z-Image, HunyuanVideo (and "
                                "1.5, HunyuanImage 2.1), LTX-Video, HiDream and Mochi; other DiTs (Wan 2.2 S2V, "
                                "HuMo, Cosmos) fall back to attention with a warning. No meaning on U-Nets."),
@@ -97,16 +90,16 @@ def tome_inputs() -> list[io.Input]:
     """The inputs of Apply ToMe, which Apply ToMe (Advanced) starts with."""
     return [
         model_input(),
-        io.Float.Input("ratio", default=0.5, min=0.0, max=0.99, step=0.01,
+        io.Float.Input("ratio", default=0.5, min=0.0, max=MAX_RATIO, step=0.01,
                        tooltip="Share of tokens merged away before self-attention in the patched blocks. "
-                               "0.3 to 0.6 is the useful range (the paper: 0.6 is about 2x faster at 512 px). "
+                               "0.3 to 0.6 is the useful range: higher is faster and costs more fidelity. "
                                "Capped at 1 - 1/(stride_x*stride_y), 0.75 for 2x2. 0 turns ToMe off."),
-        io.Int.Input("stride_x", default=2, min=1, max=8,
-                     tooltip="Width of the cells that each get one destination token (1 to 8). 2 is the paper's "
-                             "choice."),
-        io.Int.Input("stride_y", default=2, min=1, max=8,
-                     tooltip="Height of the cells that each get one destination token (1 to 8). 2 is the paper's "
-                             "choice."),
+        io.Int.Input("stride_x", default=2, min=1, max=MAX_STRIDE,
+                     tooltip=f"Width of the cells that each get one destination token (1 to {MAX_STRIDE}). 2 is the "
+                             "paper's choice."),
+        io.Int.Input("stride_y", default=2, min=1, max=MAX_STRIDE,
+                     tooltip=f"Height of the cells that each get one destination token (1 to {MAX_STRIDE}). 2 is the "
+                             "paper's choice."),
         max_downsample_input("Larger values merge more blocks: faster, lower fidelity."),
     ]
 
@@ -159,14 +152,14 @@ class ApplyToMeAdvanced(io.ComfyNode):
                                        "the paper's default. Adding cross-attention (its queries) and the MLP is "
                                        "faster, most of all on SDXL with max_downsample 4, at a larger cost in "
                                        "fidelity. U-Nets only: on a DiT, see dit_scope."),
-                io.Int.Input("reuse_steps", default=1, min=1, max=20, optional=True,
+                io.Int.Input("reuse_steps", default=1, min=1, max=MAX_REUSE_STEPS, optional=True,
                              tooltip="How many consecutive sampling steps one matching serves. 1: a fresh matching "
                                      "every step (the paper). Larger values skip the similarity search on the steps "
                                      "between, a small saving, at some cost in fidelity as tokens drift from their "
-                                     "match. U-Nets, and DiTs at dit_scope 'block' (each block's matching; measured "
-                                     "there: 2 steps save 1 to 4% of a forward and cost 0.1 to 0.8 dB of the "
-                                     "samples, so no setting recommends it). At dit_scope 'attention' every "
-                                     "attention call matches afresh (ignored, with a warning)."),
+                                     "match. U-Nets, and DiTs at dit_scope 'block' (each block's matching; no "
+                                     "recommended setting uses it: docs/DITS.md \"A matching reused\"). At "
+                                     "dit_scope 'attention' every attention call matches afresh (ignored, with a "
+                                     "warning)."),
                 *dit_scope_inputs("merged", "its merged token's change (matched on the block's input)"),
             ],
             outputs=[io.Model.Output()])
@@ -196,7 +189,7 @@ class ApplyToDo(io.ComfyNode):
                          "(1 and Predict2) and Mochi (text and reference tokens stay whole)."),
             inputs=[
                 model_input(),
-                io.Int.Input("downsample_factor", default=2, min=1, max=8,
+                io.Int.Input("downsample_factor", default=2, min=1, max=MAX_FACTOR,
                              tooltip="Keys and values are pooled over cells of this many tokens a side: 2 leaves a "
                                      "quarter of them, 3 a ninth. 1 turns ToDo off. A block whose token grid is "
                                      "smaller than the factor is left as is."),
@@ -208,7 +201,7 @@ class ApplyToDo(io.ComfyNode):
                                        "default); average: the mean of the cell (on a DiT, keys keep their "
                                        "tokens' mean length); max: the maximum of each channel."),
                 *window_inputs("downsampling"),
-                io.Int.Input("time_factor", default=1, min=1, max=8, optional=True,
+                io.Int.Input("time_factor", default=1, min=1, max=MAX_FACTOR, optional=True,
                              tooltip="Video DiTs (Wan, HunyuanVideo, LTX-Video, Cosmos, Mochi): also pool keys and "
                                      "values over this many frames. 1: frames stay separate. No meaning on images "
                                      "and U-Nets: ignored there."),

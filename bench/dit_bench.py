@@ -107,8 +107,8 @@ from pathlib import Path
 import torch
 from unet_bench import probe_for  # the sibling script (bench/ is on the path: run as a script, and pytest)
 
-from tome.hosts.comfyui_dit import LAYOUT_KEY, OVERRIDE_KEY, SCOPE_ATTENTION, SCOPE_BLOCK
-from tome.hosts.comfyui_unet import MERGE_KV, MERGE_QKV
+from tome.hosts.comfyui import MERGE_KV, MERGE_QKV
+from tome.hosts.dit_settings import LAYOUT_KEY, OVERRIDE_KEY, SCOPE_ATTENTION, SCOPE_BLOCK
 from tome.merge import IDENTITY, build_plan
 from tome_harness import comfyui as comfyui_host
 from tome_harness import dit_models, machine
@@ -324,9 +324,15 @@ def variants(dit, model, ratios, merges=("qkv", "kv"), time_factor=None, average
     return out
 
 
+def scope_module(dit, name: str):
+    """The pack's module ``name`` (``comfyui_dit_block``, say) as ComfyUI loaded it, beside ``dit``
+    (``comfyui_dit``)."""
+    return importlib.import_module(dit.__name__.rsplit(".", 1)[0] + "." + name)
+
+
 def block_module(dit):
     """``comfyui_dit_block`` as ComfyUI loaded it, beside ``dit`` (``comfyui_dit``)."""
-    return importlib.import_module(dit.__name__.rsplit(".", 1)[0] + ".comfyui_dit_block")
+    return scope_module(dit, "comfyui_dit_block")
 
 
 def block_variants(dit, model, ratios, factors, skips, reuse_blocks=()) -> dict:
@@ -359,8 +365,8 @@ def block_variants(dit, model, ratios, factors, skips, reuse_blocks=()) -> dict:
 
 @functools.lru_cache(maxsize=64)
 def removed_per_frame(h: int, w: int, ratio: float, sx: int, sy: int) -> int:
-    """How many of an ``h x w`` frame's tokens ToMe's plan removes (``DiTReduction.plan``'s count: it depends on
-    the grid alone, never on the tokens)."""
+    """How many of an ``h x w`` frame's tokens ToMe's plan removes (``dit_tokens.frame_plan``'s count: it depends
+    on the grid alone, never on the tokens)."""
     plan = build_plan(torch.zeros(1, h * w, 1), w, h, sx, sy, int(h * w * ratio), no_rand=True)
     return 0 if plan is IDENTITY else plan.removed
 
@@ -398,6 +404,11 @@ class IdealBlocks:
     @property
     def forms(self) -> Mapping:
         return self.block.BLOCK_FAMILIES[self.family].args
+
+    def reaches(self, net: torch.nn.Module) -> bool:
+        """Whether a model call finds the blocks the twin was made for (``BlockScope.reaches``): always, as this
+        bench replaces no forward and no block list."""
+        return True
 
     def install(self, options: dict) -> None:
         self.block.replace_blocks(options, self.family, self.blocks, lambda key, inner: IdealBlock(self, key, inner))
@@ -535,8 +546,8 @@ def traced_forward(model, inputs, device, dit):
     timed with whatever override ``model`` has (ours) inside. ``cost``: the
     queries times keys that reached attention in those calls, over the
     queries times keys the model made. Matching: the time ToMe's plans took
-    (``DiTReduction.plan`` of ``dit``, the pack's module as ComfyUI loaded it),
-    inside those calls. Peak: above what the process held before the forward.
+    (``frame_plan`` as the attention and block scopes beside ``dit``, the pack's
+    module as ComfyUI loaded it, call it), inside those calls. Peak: above what the process held before the forward.
     Block tokens: the tokens each block ran on, in the order they ran
     (``BlockTokens``; empty for a model the block scope does not reach).
     """
@@ -569,10 +580,11 @@ def traced_forward(model, inputs, device, dit):
         matching[0] += time.perf_counter() - start
         return plan
 
-    reduction = dit.DiTReduction if isinstance(inner, dit.DiTReduction) else None
-    if reduction is not None:
-        untimed_plan = reduction.plan
-        reduction.plan = staticmethod(timed_plan)
+    scopes = [scope_module(dit, name) for name in ("comfyui_dit_attention", "comfyui_dit_block")]
+    untimed_plan = scopes[0].frame_plan
+    timing = isinstance(inner, dit.DiTReduction)
+    for scope in scopes if timing else ():
+        scope.frame_plan = timed_plan
     blocks = []
     replaces = counting_blocks(dit, model, blocks)
     probe = probe_for(device)
@@ -583,8 +595,8 @@ def traced_forward(model, inputs, device, dit):
         out = forward(model, inputs, device, override=timed, replaces=replaces)
         seconds = time.perf_counter() - start
     finally:
-        if reduction is not None:
-            reduction.plan = staticmethod(untimed_plan)
+        for scope in scopes if timing else ():
+            scope.frame_plan = untimed_plan
     return (out, seconds, spent[0] / seconds, reached[0] / max(made[0], 1), matching[0] / seconds,
             max(probe.peak() - held, 0), blocks)
 

@@ -21,7 +21,7 @@ swapped block lists) its row is the cache alone's, and the node's warning says s
 
 A sampling run's speed-up under a cache is its forward's times the share of model calls the cache leaves out,
 which depends on what the model computes: the trained judges count them (``quality_bench.py``'s step-cache
-settings); docs/STEP_CACHES.md puts both together.
+settings); docs/SPEED_STACK.md ("Third-party step caches") puts both together.
 """
 
 from __future__ import annotations

@@ -179,9 +179,25 @@ def test_ratio_0_and_factor_1_are_the_model_bit_for_bit(comfy_nodes, pack, flux)
     torch.testing.assert_close(sample(comfy_nodes, removed), sample(comfy_nodes, flux), rtol=0, atol=0)
 
 
+def test_skips_that_leave_no_block_put_nothing_on_the_model_and_remove_an_earlier_setting(pack, flux, caplog):
+    """An empty selection is no setting: nothing is installed (not even replacements that pass every block
+    through), and it replaces an earlier node's setting as ratio 0 / factor 1 do."""
+    none_left = dict(dit_scope="block", skip_first_blocks=1, skip_last_blocks=1)
+    with caplog.at_level(logging.WARNING):
+        assert pack.dit.apply_tome_dit(flux, ratio=0.5, **none_left) is flux
+        assert pack.dit.apply_todo_dit(flux, downsample_factor=2, **none_left) is flux
+    assert caplog.text.count("nothing is put on the model") == 2
+    both = pack.dit.apply_todo_dit(pack.dit.apply_tome_dit(flux, ratio=0.5, **BLOCKS), downsample_factor=2, **BLOCKS)
+    removed = pack.dit.apply_todo_dit(pack.dit.apply_tome_dit(both, ratio=0.5, **none_left), downsample_factor=2,
+                                      **none_left)
+    assert not removed.get_wrappers("apply_model", "tome")
+    assert "optimized_attention_override" not in removed.model_options["transformer_options"]
+
+
 def test_blocks_and_steps_outside_the_choice_run_whole_bit_for_bit(comfy_nodes, pack, flux, caplog):
-    """Skipping both blocks (with a warning), or a window no step falls in: the replacements pass every block
-    through, and the run is the unpatched one (this model's 2 steps are at sigma 1 and 0.001)."""
+    """Skipping both blocks (with a warning: nothing is put on the model), or a window no step falls in (the
+    replacements pass every block through): the run is the unpatched one (this model's 2 steps are at sigma 1 and
+    0.001)."""
     reference = sample(comfy_nodes, flux)
     with caplog.at_level(logging.WARNING):
         skipped = pack.dit.apply_tome_dit(flux, ratio=0.5, dit_scope="block", skip_first_blocks=1,
@@ -228,12 +244,13 @@ UNIT_TABLES = {"flux": ("pe", 2, True), "qwen_image": ("pe", 2, True), "wan": ("
 
 
 def run_block(block, scope_todo=None, scope_tome=None, key=("double_block", 0), inner=None, img=None, txt=None,
-              family="flux", vec=None, layout=None, **extra_args):
+              family="flux", vec=None, layout=None, run=None, **extra_args):
     """One call of our replacement of ``key`` on a model of ``family``, on a 5x6 image (batch 2; the video
     models: 3 frames) beside 7 text tokens (ahead of it; after it: HunyuanVideo, Mochi; apart, as cross-attention
     context: Wan, LTX-Video), with a rotary table over the sequence (Wan, LTX-Video: the video's tokens; Mochi: two,
-    unbatched, over the video; SD3: none), around ``inner`` (the block): ``(args given, result)``.
-    ``extra_args``: more entries of the block's args."""
+    unbatched, over the video; SD3: none), around ``inner`` (the block): ``(args given, result)``. ``run``: the
+    sampling run the call is part of (a ``SamplingRun``; none: a call of its own). ``extra_args``: more entries of
+    the block's args."""
     from tome_harness import comfyui as comfyui_host
 
     dit = comfyui_host.pack_module("tome.hosts.comfyui_dit")
@@ -244,6 +261,8 @@ def run_block(block, scope_todo=None, scope_tome=None, key=("double_block", 0), 
     img = torch.randn(2, n, 8, generator=generator) if img is None else img
     txt = torch.randn(2, COND_TEXT, 8, generator=generator) if txt is None else txt
     options = {dit.LAYOUT_KEY: layout}
+    if run is not None:
+        options[comfyui_host.pack_module("tome.hosts.comfyui").RUN_KEY] = run
     sequence = img.shape[1] + (0 if family in TEXT_APART else COND_TEXT)
     args = {"img": img, "txt": txt, "vec": vec, "transformer_options": options}
     if family == "mochi":  # [L, heads, D/2] each, over the video alone
@@ -267,11 +286,11 @@ def run_block(block, scope_todo=None, scope_tome=None, key=("double_block", 0), 
 
 
 def settings(pack, kind, **changes):
-    reach = pack.comfyui.Reach(1)
+    window = pack.comfyui.Window()
     keys = frozenset({("double_block", 0), ("single_block", 0)})
     if kind == "tome":
-        return pack.dit.DiTToMe(0.5, 2, 2, reach, scope="block", blocks=keys, **changes)
-    return pack.dit.DiTToDo(2, changes.pop("time_factor", 1), changes.pop("method", "nearest"), reach, scope="block",
+        return pack.dit.DiTToMe(0.5, 2, 2, window, scope="block", blocks=keys, **changes)
+    return pack.dit.DiTToDo(2, changes.pop("time_factor", 1), changes.pop("method", "nearest"), window, scope="block",
                             blocks=keys, **changes)
 
 
@@ -500,6 +519,86 @@ def test_a_per_frame_modulation_beside_a_reference_frame_runs_the_block_whole(pa
     assert "do not match its tokens one for one" in caplog.text
 
 
+# Every argument a block takes is declared (dit_families.BLOCK_FAMILIES); one the reduced tokens cannot follow
+# leaves the block whole, with one warning per sampling run naming it.
+
+def refused_in_two_runs(pack, block, caplog, family="flux", **extra_args):
+    """Our replacement of ToMe's block called twice in one sampling run and once in the next, with ``extra_args``
+    among the block's args: the image tokens the block got at each call, and the warnings naming a block
+    argument."""
+    seen = []
+
+    def inner(args, extra):
+        seen.append(args["img"].shape[1])
+        return {"img": args["img"], "txt": args["txt"]}
+
+    first, second = pack.comfyui.SamplingRun(), pack.comfyui.SamplingRun()
+    with caplog.at_level(logging.WARNING):
+        for run in (first, first, second):
+            run_block(block, None, settings(pack, "tome"), inner=inner, family=family, run=run, **extra_args)
+    return seen, [r.getMessage() for r in caplog.records if "block argument" in r.getMessage()]
+
+
+@pytest.mark.parametrize("family,rows", [("flux", COND_TEXT + IMAGE), ("flux", IMAGE), ("wan", 3 * IMAGE)])
+def test_an_undeclared_per_token_argument_runs_the_block_whole_with_one_warning_per_run(pack, block, caplog, family,
+                                                                                       rows):
+    """An argument no family declares (a newer ComfyUI's, another pack's) with an axis as long as the sequence or
+    ``img``: it would pass at full length beside the reduced tokens, so the block runs whole."""
+    per_token = torch.randn(2, rows, 4)
+    seen, warnings = refused_in_two_runs(pack, block, caplog, family, tome_regions=per_token)
+    assert seen == [IMAGE * UNIT_FRAMES[family]] * 3
+    assert len(warnings) == 2 and all("'tome_regions'" in w for w in warnings)
+
+
+def test_an_undeclared_argument_without_a_token_axis_leaves_the_block_reduced(pack, block, caplog):
+    seen, warnings = refused_in_two_runs(pack, block, caplog, tome_scale=torch.randn(2, 5), tome_flag=3)
+    assert seen == [MERGED] * 3 and not warnings
+
+
+def test_a_masked_call_runs_the_block_whole_with_one_warning_per_run(pack, block, caplog):
+    """Regional prompting's mask over Flux's sequence (``attn_mask``): the reduced tokens cannot follow it."""
+    length = COND_TEXT + IMAGE
+    seen, warnings = refused_in_two_runs(pack, block, caplog, attn_mask=torch.zeros(2, 1, length, length))
+    assert seen == [IMAGE] * 3
+    assert len(warnings) == 2 and all("'attn_mask'" in w and "regional prompting" in w for w in warnings)
+
+
+@pytest.mark.parametrize("family,table", [
+    ("flux", {"pe": [torch.randn(1, 1, COND_TEXT + IMAGE, 2, 2, 2)]}),  # not a tensor
+    ("hunyuan_video", {"attention_mask": torch.zeros(1, 1, 50)}),  # neither one row per token nor one row
+    ("ltxv", {"vec": torch.randn(2, 7, 12)}),
+], ids=["flux pe a list", "hunyuan mask of 50 rows", "ltxv vec of 7 rows"])
+def test_a_table_of_the_wrong_kind_runs_the_block_whole_with_one_warning_per_run(pack, block, caplog, family, table):
+    seen, warnings = refused_in_two_runs(pack, block, caplog, family, **table)
+    (name,) = table
+    assert seen == [IMAGE * UNIT_FRAMES[family]] * 3
+    assert len(warnings) == 2 and all(f"'{name}'" in w for w in warnings)
+
+
+def test_every_family_declares_what_its_blocks_take(block):
+    """The keys each family's forward in ComfyUI 0.3.75 hands its block replacements (and the swapped blocks'
+    own args), all declared; the step caches' forwards hand a subset."""
+    families = {"flux": {"double_block": {"img", "txt", "vec", "pe", "attn_mask", "transformer_options"},
+                         "single_block": {"img", "vec", "pe", "attn_mask", "transformer_options"}},
+                "sd3": {"double_block": {"img", "txt", "vec", "transformer_options"}},
+                "wan": {"double_block": {"img", "txt", "vec", "pe", "transformer_options"}},
+                "wan_animate": {"double_block": {"img", "txt", "vec", "pe", "transformer_options"}},
+                "qwen_image": {"double_block": {"img", "txt", "vec", "pe", "transformer_options"}},
+                "hunyuan_video": {"double_block": {"img", "txt", "vec", "pe", "attention_mask", "modulation_dims_img",
+                                                   "modulation_dims_txt", "transformer_options"},
+                                  "single_block": {"img", "vec", "pe", "attention_mask", "modulation_dims",
+                                                   "transformer_options"}},
+                "ltxv": {"double_block": {"img", "txt", "attention_mask", "vec", "pe", "transformer_options"}},
+                "mochi": {"double_block": {"img", "txt", "vec", "rope_cos", "rope_sin", "num_tokens",
+                                           "transformer_options"}},
+                "lumina2": {"double_block": {"img", "attn_mask", "pe", "vec", "transformer_options"}},
+                "hidream": {"double_block": {"img", "attn_mask", "txt", "vec", "pe", "transformer_options"},
+                            "single_block": {"img", "attn_mask", "txt", "vec", "pe", "transformer_options"}}}
+    assert set(block.BLOCK_FAMILIES) == set(families)
+    for family, kinds in families.items():
+        assert {kind: set(form.declared) for kind, form in block.BLOCK_FAMILIES[family].args.items()} == kinds, family
+
+
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_another_nodes_block_replacement_runs_on_the_reduced_tokens(comfy_nodes, pack, flux, when):
     """Another node's ``dit`` replacement on both blocks, put on the model before our node or after it: it still
@@ -556,7 +655,7 @@ def merged_together(block, tome, key, options, seed):
 
 def reusing(pack, **changes):
     keys = frozenset(("double_block", i) for i in range(3))
-    return pack.dit.DiTToMe(0.5, 2, 2, pack.comfyui.Reach(1), scope="block", blocks=keys, **changes)
+    return pack.dit.DiTToMe(0.5, 2, 2, pack.comfyui.Window(), scope="block", blocks=keys, **changes)
 
 
 @pytest.mark.parametrize("reuse_blocks", [1, 2])

@@ -12,9 +12,10 @@ our node on top (same seed) are compared:
 - where it cannot, one warning in the run says why, nothing is reduced, and the sample is the cache alone's bit
   for bit.
 
-What acts where is the table of docs/STEP_CACHES.md. A pack's forward that fails on this host by itself is
-skipped, naming the error, and a test checks it still fails (else the table is stale). The default run keeps
-one family of each pack (Flux, Wan VACE under MagCache, SD3.5 under First Block Cache); CI runs every family.
+What acts where is the table of docs/SPEED_STACK.md ("Third-party step caches"). A pack's forward that fails on
+this host by itself is skipped, naming the error, and a test checks it still fails (else the table is stale).
+The default run keeps one family of each pack (Flux, Wan VACE under MagCache, SD3.5 under First Block Cache); CI
+runs every family.
 """
 
 from __future__ import annotations
@@ -218,7 +219,7 @@ def test_each_run_warns_again(comfy_nodes, pack, caches, models, caplog):
                                                for cache in PACKS for family in PACKS[cache].fails])
 def test_a_packs_own_failure_on_this_host_is_still_its_own(comfy_nodes, caches, models, cache, family):
     """The forwards the table marks as failing on this host fail with no node of ours in the graph: when one
-    runs, the table and docs/STEP_CACHES.md are stale."""
+    runs, the table and docs/SPEED_STACK.md ("Third-party step caches") are stale."""
     with pytest.raises(Exception) as failure:
         traced(comfy_nodes, caches, models, cache, family)
     assert type(failure.value).__name__ in PACKS[cache].fails[family]

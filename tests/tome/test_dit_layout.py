@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from tome.downsample import AVERAGE, MAX, METHODS, NEAREST, downsample_tokens
-from tome.hosts import comfyui_dit as dit
 from tome.hosts import dit_families as families
-from tome.hosts.comfyui import RUN_KEY, Reach, SamplingRun
-from tome.hosts.comfyui_unet import MERGE_KV, MERGE_Q, MERGE_QKV
+from tome.hosts.comfyui import MERGE_KV, MERGE_Q, MERGE_QKV, RUN_KEY, SamplingRun, Window
+from tome.hosts.comfyui_dit_attention import DiTReduction, token_major
+from tome.hosts.dit_settings import LAYOUT_KEY, DiTToDo, DiTToMe
+from tome.hosts.dit_tokens import frame_plan, pool_grid
 
 
 def test_flux_text_then_image_then_kontext_references():
@@ -175,7 +176,7 @@ def reference_pool(x, grid, factor, time_factor, method):
 ])
 def test_pool_grid_matches_the_cell_by_cell_reference(grid, factor, time_factor, method):
     x = torch.randn(2, math.prod(grid), 3, 4, generator=torch.Generator().manual_seed(sum(grid)))
-    torch.testing.assert_close(dit.pool_grid(x, grid, factor, time_factor, method),
+    torch.testing.assert_close(pool_grid(x, grid, factor, time_factor, method),
                                reference_pool(x, grid, factor, time_factor, method))
 
 
@@ -183,7 +184,7 @@ def test_pool_grid_matches_the_cell_by_cell_reference(grid, factor, time_factor,
 @pytest.mark.parametrize(("w", "h"), [(8, 6), (7, 5), (1, 4)])
 def test_pool_grid_is_the_u_net_downsample_on_images(w, h, method):
     x = torch.randn(2, w * h, 6, generator=torch.Generator().manual_seed(w + h))
-    torch.testing.assert_close(dit.pool_grid(x, (1, h, w), 2, 1, method), downsample_tokens(x, w, h, 2, method))
+    torch.testing.assert_close(pool_grid(x, (1, h, w), 2, 1, method), downsample_tokens(x, w, h, 2, method))
 
 
 def test_pool_grid_takes_flux_single_blocks_strided_views():
@@ -191,8 +192,8 @@ def test_pool_grid_takes_flux_single_blocks_strided_views():
     batch, heads, length, dim = 2, 3, 24, 4
     qkv = torch.randn(batch, length, 3 * heads * dim)
     _, k, _ = qkv.view(batch, length, 3, heads, -1).permute(2, 0, 3, 1, 4)
-    pooled = dit.pool_grid(dit.token_major(k, True), (1, 4, 6), 2, 1, AVERAGE)
-    torch.testing.assert_close(pooled, dit.pool_grid(k.transpose(1, 2).contiguous(), (1, 4, 6), 2, 1, AVERAGE))
+    pooled = pool_grid(token_major(k, True), (1, 4, 6), 2, 1, AVERAGE)
+    torch.testing.assert_close(pooled, pool_grid(k.transpose(1, 2).contiguous(), (1, 4, 6), 2, 1, AVERAGE))
 
 
 # The attention override on plain tensors.
@@ -209,11 +210,11 @@ def sdpa(q, k, v, heads, mask=None, skip_reshape=False, skip_output_reshape=Fals
 
 sdpa.calls = []
 
-EVERYWHERE = Reach(1)
+EVERYWHERE = Window()
 
 
 def options(layout, sigma=1.0):
-    return {dit.LAYOUT_KEY: layout, "sigmas": torch.tensor([sigma])}
+    return {LAYOUT_KEY: layout, "sigmas": torch.tensor([sigma])}
 
 
 def qkv(batch, heads, length, dim, heads_major, seed=0):
@@ -226,7 +227,7 @@ def qkv(batch, heads, length, dim, heads_major, seed=0):
 def test_todo_pools_the_image_keys_and_values_and_keeps_text_and_queries(heads_major):
     layout = families.flux_layout((1, 16, 12, 16), 2, text=5)  # 6x8 image tokens after 5 text tokens
     q, k, v = qkv(2, 2, 5 + 48, 4, heads_major)
-    override = dit.DiTReduction(todo=dit.DiTToDo(2, 1, NEAREST, EVERYWHERE))
+    override = DiTReduction(todo=DiTToDo(2, 1, NEAREST, EVERYWHERE))
     sdpa.calls.clear()
     seen = []
 
@@ -235,10 +236,10 @@ def test_todo_pools_the_image_keys_and_values_and_keeps_text_and_queries(heads_m
         return sdpa(q_, k_, v_, heads, **kwargs)
 
     out = override(recording, q, k, v, 2, skip_reshape=heads_major, transformer_options=options(layout))
-    q_seen, k_seen, _ = (dit.token_major(t, heads_major) for t in seen[0])
-    k_tokens = dit.token_major(k, heads_major)
+    q_seen, k_seen, _ = (token_major(t, heads_major) for t in seen[0])
+    k_tokens = token_major(k, heads_major)
     assert q_seen.shape[1] == 53 and k_seen.shape[1] == 5 + 12
-    torch.testing.assert_close(q_seen, dit.token_major(q, heads_major))
+    torch.testing.assert_close(q_seen, token_major(q, heads_major))
     torch.testing.assert_close(k_seen[:, :5], k_tokens[:, :5])
     torch.testing.assert_close(k_seen[:, 5:], k_tokens[:, 5:].unflatten(1, (6, 8))[:, ::2, ::2].flatten(1, 2))
     assert out.shape == (2, 53, 8)
@@ -246,8 +247,8 @@ def test_todo_pools_the_image_keys_and_values_and_keeps_text_and_queries(heads_m
 
 def test_cross_attention_masked_calls_and_unknown_lengths_are_left_alone():
     layout = families.wan_layout((1, 16, 2, 4, 4), (1, 2, 2), contexts=[7])
-    override = dit.DiTReduction(todo=dit.DiTToDo(2, 1, NEAREST, EVERYWHERE),
-                                tome=dit.DiTToMe(0.5, 2, 2, EVERYWHERE))
+    override = DiTReduction(todo=DiTToDo(2, 1, NEAREST, EVERYWHERE),
+                            tome=DiTToMe(0.5, 2, 2, EVERYWHERE))
     q, _, _ = qkv(1, 2, 32, 4, False)
     _, k, v = qkv(1, 2, 7, 4, False, seed=1)
     for args, kwargs in [((q, k, v, 2), {}),  # cross-attention
@@ -263,7 +264,7 @@ def test_cross_attention_masked_calls_and_unknown_lengths_are_left_alone():
 def test_tome_merges_image_tokens_per_frame_and_restores_every_query(heads_major, merge):
     layout = families.lumina2_layout((1, 16, 8, 12), 2, text=6, pad_multiple=4)  # 8 text, 4x6 image, 0 image padding
     q, k, v = qkv(2, 2, 32, 4, heads_major)
-    override = dit.DiTReduction(tome=dit.DiTToMe(0.5, 2, 2, EVERYWHERE, seed=3, merge=merge))
+    override = DiTReduction(tome=DiTToMe(0.5, 2, 2, EVERYWHERE, seed=3, merge=merge))
     sdpa.calls.clear()
     out = override(sdpa, q, k, v, 2, skip_reshape=heads_major, transformer_options=options(layout))
     seq = 2 if heads_major else 1
@@ -293,8 +294,8 @@ def strided_and_gathered(heads_major):
 
 
 @pytest.mark.parametrize("heads_major", [True, False])
-@pytest.mark.parametrize("reduction", [dit.DiTReduction(todo=dit.DiTToDo(2, 1, AVERAGE, EVERYWHERE)),
-                                       *(dit.DiTReduction(tome=dit.DiTToMe(0.5, 2, 1, EVERYWHERE, seed=3, merge=m))
+@pytest.mark.parametrize("reduction", [DiTReduction(todo=DiTToDo(2, 1, AVERAGE, EVERYWHERE)),
+                                       *(DiTReduction(tome=DiTToMe(0.5, 2, 1, EVERYWHERE, seed=3, merge=m))
                                          for m in (MERGE_QKV, MERGE_KV, MERGE_Q))],
                          ids=["todo", "tome q k v", "tome k v", "tome q"])
 def test_an_image_in_rows_between_edit_tokens_is_reduced_as_the_same_tokens_in_one_span(heads_major, reduction):
@@ -312,20 +313,20 @@ def test_an_image_in_rows_between_edit_tokens_is_reduced_as_the_same_tokens_in_o
 def test_tome_on_video_merges_frame_by_frame():
     layout = families.wan_layout((1, 16, 3, 4, 8), (1, 2, 2))  # 3 frames of 2x4
     _, k, _ = qkv(1, 2, 24, 4, False)
-    tome = dit.DiTToMe(0.5, 2, 2, EVERYWHERE, use_rand=False)
-    plan = dit.DiTReduction.plan(tome, k, layout.grid, 0, {})
+    tome = DiTToMe(0.5, 2, 2, EVERYWHERE, use_rand=False)
+    plan = frame_plan(tome, k, layout.grid, 0, {})
     merged, restored = plan.merge(k), plan.unmerge(plan.merge(k))
     assert merged.shape == (1, 12, 8)
     for frame in range(3):
         tokens = k[:, frame * 8:(frame + 1) * 8]
-        one = dit.DiTReduction.plan(tome, tokens, (1, 2, 4), 0, {})
+        one = frame_plan(tome, tokens, (1, 2, 4), 0, {})
         torch.testing.assert_close(merged[:, frame * 4:(frame + 1) * 4], one.merge(tokens))
         torch.testing.assert_close(restored[:, frame * 8:(frame + 1) * 8], one.unmerge(one.merge(tokens)))
 
 
 def test_an_unknown_self_attention_length_is_left_whole_and_warned_about_once_per_run(caplog):
     layout = families.flux_layout((1, 16, 8, 8), 2, text=4)  # 4 + 16 tokens
-    override = dit.DiTReduction(todo=dit.DiTToDo(2, 1, NEAREST, EVERYWHERE))
+    override = DiTReduction(todo=DiTToDo(2, 1, NEAREST, EVERYWHERE))
     q, k, v = qkv(1, 2, 22, 4, False)
     with caplog.at_level(logging.WARNING):
         for run in (SamplingRun(), SamplingRun()):
@@ -340,7 +341,7 @@ def test_an_unknown_self_attention_length_is_left_whole_and_warned_about_once_pe
 
 def test_the_layouts_own_image_free_lengths_and_cross_attention_raise_no_warning(caplog):
     layout = families.lumina2_layout((1, 16, 8, 8), 2, text=6, pad_multiple=4)  # text-only refiner: 8 tokens
-    override = dit.DiTReduction(todo=dit.DiTToDo(2, 1, NEAREST, EVERYWHERE))
+    override = DiTReduction(todo=DiTToDo(2, 1, NEAREST, EVERYWHERE))
     with caplog.at_level(logging.WARNING):
         for q_len, k_len in [(8, 8), (16, 8)]:
             q, _, _ = qkv(1, 2, q_len, 4, False)
@@ -357,7 +358,7 @@ def test_the_override_already_on_the_model_is_called_instead_of_the_attention():
         seen.append(args[1].shape[1])
         return func(*args, **kwargs)
 
-    override = dit.DiTReduction(todo=dit.DiTToDo(2, 1, AVERAGE, EVERYWHERE), inner=earlier)
+    override = DiTReduction(todo=DiTToDo(2, 1, AVERAGE, EVERYWHERE), inner=earlier)
     q, k, v = qkv(1, 2, 19, 4, False)
     override(sdpa, q, k, v, 2, transformer_options=options(layout))
     override(sdpa, q, k, v, 2, transformer_options={})
@@ -366,7 +367,7 @@ def test_the_override_already_on_the_model_is_called_instead_of_the_attention():
 
 def test_outside_the_window_nothing_is_reduced():
     layout = families.sd3_layout((1, 16, 8, 8), 2, text=3)
-    override = dit.DiTReduction(todo=dit.DiTToDo(2, 1, MAX, Reach(1, sigma_start=5.0, sigma_end=2.0)))
+    override = DiTReduction(todo=DiTToDo(2, 1, MAX, Window(sigma_start=5.0, sigma_end=2.0)))
     q, k, v = qkv(1, 2, 19, 4, False)
     for sigma, keys in [(9.0, 19), (3.0, 7), (1.0, 19)]:
         sdpa.calls.clear()

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tome.hosts.comfyui_dit import pool_grid
+from tome.hosts.dit_tokens import pool_grid
 from tome.merge import IDENTITY, MEAN, build_plan
 from tome.norms import keeping_norms
 

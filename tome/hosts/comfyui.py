@@ -1,12 +1,12 @@
-"""ComfyUI's calling conventions, shared by the U-Net and the DiT adapters.
+"""ComfyUI's calling conventions, shared by the U-Net and the DiT adapters, and what both adapters do alike.
 
 Nothing here imports ComfyUI: a ``ModelPatcher`` is used through the methods
 every ComfyUI since 0.3.40 has (``clone``, ``model_options``,
 ``get_model_object``, ``get_wrappers``, ``add_wrapper_with_key``), and ComfyUI's names for patch
 lists and wrappers are written out as the strings they are.
 
-Patch objects are shared. Since February 2026 ``ModelPatcher.clone()`` copies
-the dicts and lists of ``model_options`` but not the objects in them, so a
+Patch objects are shared. ``ModelPatcher.clone()`` copies the dicts and lists
+of ``model_options`` but, on newer ComfyUI, not the objects in them, so a
 model, its clones and the MultiGPU copies made from them all call the same
 patch objects, cond and uncond possibly at the same time from worker threads.
 The pack's patch objects therefore hold only their frozen settings. The state
@@ -22,27 +22,37 @@ it. Both end with their run or call, on every host, so no ``cleanup()`` has
 anything to clear, and no other clone or thread can see them.
 
 Patches run outside compiled graphs (``eager``). ComfyUI's ``TorchCompileModel``
-compiles the diffusion model, and the ComfyUI of late 2026 drops every dynamo
-guard whose name holds ``transformer_options``. Our patch objects are reached
-only through ``transformer_options``, so anything dynamo traced in them (the
-ratio, the step window, ``reuse_steps``, which plan a call gets) would be
-frozen into the graph at the first call and silently reused by every later
-call and by every other clone of the compiled model.
+compiles the diffusion model, and newer ComfyUI drops every dynamo guard whose
+name holds ``transformer_options``. Our patch objects are reached only through
+``transformer_options``, so anything dynamo traced in them (the ratio, the step
+window, ``reuse_steps``, which plan a call gets) would be frozen into the graph
+at the first call and silently reused by every later call and by every other
+clone of the compiled model.
+
+What both adapters do alike has its one home here: the inputs the nodes offer
+and both check (``MERGE_MODES``, the ``MAX_*`` limits), the sampling window
+(``Window``; a U-Net's ``Reach`` adds the depth), the seeded matching
+(``seeded_plan``) and a plan kept across steps (``kept_plan``), warnings given
+once per run (``first_in_run``), swapped classes and their undo
+(``mixed_class``, ``without_swapped_classes``) and replacements put into a
+copy of ``patches_replace`` (``with_dit_replacements``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import math
 import threading
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 
-from ..grid import block_grid, ratio_cap
+from ..grid import block_grid, derive_seed, ratio_cap
+from ..merge import build_plan
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +62,16 @@ APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
 WRAPPER_KEY = "tome"  # our key for wrappers, so a second node replaces the first instead of stacking
 RUN_KEY = "tome_run"  # in a sampling run's transformer_options: that run's SamplingRun
 CALL_KEY = "tome_call"  # in a model call's transformer_options (and its blocks' extra_options): its ModelCall
+
+# The inputs the nodes offer and both adapters check. Which of the self-attention inputs ToMe merges:
+MERGE_QKV = "q, k and v"
+MERGE_Q = "q only"
+MERGE_KV = "k and v only"
+MERGE_MODES = (MERGE_QKV, MERGE_Q, MERGE_KV)
+MAX_RATIO = 0.99  # ratio: 0 to this
+MAX_STRIDE = 8  # stride_x, stride_y: 1 to this
+MAX_FACTOR = 8  # downsample_factor (and a DiT's time_factor): 1 to this
+MAX_REUSE_STEPS = 20  # reuse_steps: 1 to this
 
 
 def eager(func: Callable) -> Callable:
@@ -156,9 +176,30 @@ def current_sigma(options) -> float | None:
     return model_call(options).sigma()
 
 
+def in_sigma_window(sigma_start: float, sigma_end: float, options) -> bool:
+    """Whether this call's sigma lies in ``[sigma_end, sigma_start]`` (read only where the window is not the whole
+    run; a call outside a sampler is in it)."""
+    if sigma_start == math.inf and sigma_end <= 0.0:  # the whole run: no need to read the sigma
+        return True
+    sigma = current_sigma(options)
+    return sigma is None or sigma_end <= sigma <= sigma_start
+
+
+@dataclass(frozen=True)
+class Window:
+    """When a patch acts: while the sampler's sigma lies in ``[sigma_end, sigma_start]`` (the DiTs' settings,
+    whose blocks all work at one resolution)."""
+
+    sigma_start: float = math.inf
+    sigma_end: float = 0.0
+
+    def in_window(self, options) -> bool:
+        return in_sigma_window(self.sigma_start, self.sigma_end, options)
+
+
 @dataclass(frozen=True)
 class Reach:
-    """Where and when a patch acts: blocks at ``max_downsample`` or finer, while the sampler's sigma lies in
+    """Where and when a U-Net patch acts: blocks at ``max_downsample`` or finer, while the sampler's sigma lies in
     ``[sigma_end, sigma_start]``."""
 
     max_downsample: int
@@ -166,10 +207,7 @@ class Reach:
     sigma_end: float = 0.0
 
     def in_window(self, extra_options) -> bool:
-        if self.sigma_start == math.inf and self.sigma_end <= 0.0:  # the whole run: no need to read the sigma
-            return True
-        sigma = current_sigma(extra_options)
-        return sigma is None or self.sigma_end <= sigma <= self.sigma_start
+        return in_sigma_window(self.sigma_start, self.sigma_end, extra_options)
 
     def grid(self, n_tokens: int, extra_options) -> tuple[int, int] | None:
         """``(w, h)`` of this U-Net block call's token grid when the patch acts on it, else ``None``."""
@@ -191,6 +229,17 @@ def check_range(name: str, value, low, high) -> None:
         raise ValueError(f"{name} must be between {low} and {high}, not {value!r}")
 
 
+def check_tome_inputs(ratio: float, stride_x: int, stride_y: int, reuse_steps: int, merge: str, reduce: str,
+                      reductions: Iterable[str]) -> None:
+    """The checks of the ToMe inputs both adapters take, each a clear error naming the input."""
+    check_range("ratio", ratio, 0.0, MAX_RATIO)
+    check_range("stride_x", stride_x, 1, MAX_STRIDE)
+    check_range("stride_y", stride_y, 1, MAX_STRIDE)
+    check_range("reuse_steps", reuse_steps, 1, MAX_REUSE_STEPS)
+    check_choice("merge", merge, MERGE_MODES)
+    check_choice("reduce", reduce, reductions)
+
+
 def capped_ratio(ratio: float, stride_x: int, stride_y: int) -> float:
     """``ratio``, or the stride's cap (every token but one per cell merged) with a warning where it is above."""
     cap = ratio_cap(stride_x, stride_y)
@@ -209,6 +258,31 @@ def sigma_window(model, start_percent: float, end_percent: float) -> tuple[float
         return math.inf, 0.0
     sampling = model.get_model_object("model_sampling")
     return sampling.percent_to_sigma(start_percent), sampling.percent_to_sigma(end_percent)
+
+
+def sampling_window(model, start_percent: float, end_percent: float) -> Window:
+    """The ``Window`` of the sampling window ``[start_percent, end_percent]`` on ``model``'s schedule."""
+    return Window(*sigma_window(model, start_percent, end_percent))
+
+
+@functools.lru_cache(maxsize=64)
+def warn_grid_too_small(w: int, h: int, factor: int) -> None:
+    """ToDo's cells larger than a ``w x h`` token grid: once per grid and factor, not once per call."""
+    log.warning("Apply ToDo: downsample_factor %d is larger than a %dx%d token grid; such a grid is left as is",
+                factor, w, h)
+
+
+def seeded_plan(settings, metric: torch.Tensor, w: int, h: int, removed: int, block, index: int, options):
+    """ToMe's matching of ``metric [B, w*h, C]`` over its ``w x h`` grid, ``removed`` tokens merged away.
+    ``settings`` (a U-Net's or a DiT's ToMe settings) give the strides and, where ``use_rand``, the seed of a
+    private generator, mixed with this call's sigma and its place (``block``, ``index``); the global RNG is never
+    used."""
+    generator = None
+    if settings.use_rand:
+        seed = derive_seed(settings.seed, current_sigma(options) or 0.0, block, index)
+        generator = torch.Generator().manual_seed(seed)
+    return build_plan(metric, w, h, settings.sx, settings.sy, removed, no_rand=not settings.use_rand,
+                      generator=generator)
 
 
 class SamplingRun:
@@ -290,11 +364,29 @@ class SamplingRun:
             return True
 
 
+def first_in_run(options, key: str) -> bool:
+    """Whether a warning of ``key`` is the first of the sampling run whose ``options`` these are (and from now
+    on it is not); always, for a call outside a run."""
+    run = options.get(RUN_KEY)
+    return run is None or run.first_warning(key)
+
+
 def batch_of_conds(options) -> tuple:
     """What tells one batch of a block call from another in the same step (cond and uncond, run together or
     apart, in one thread or two): the conds in it (``uuids``), else ``cond_or_uncond``. Part of a kept plan's
     key."""
     return tuple(options.get("uuids") or options.get("cond_or_uncond") or ())
+
+
+def kept_plan(options, block: Hashable, tokens: torch.Tensor, reuse_steps: int, make: Callable[[], object]):
+    """``make()``; with ``reuse_steps`` above 1 inside a sampling run, the plan the run keeps for ``block`` (a
+    block's identity) and this batch (the shape and device of its ``tokens``, its conds), made fewer than
+    ``reuse_steps`` steps ago, else a new one, kept."""
+    run = options.get(RUN_KEY)
+    if reuse_steps <= 1 or run is None:
+        return make()
+    key = (block, tuple(tokens.shape), str(tokens.device), batch_of_conds(options))
+    return run.plan(key, options, reuse_steps, make)
 
 
 @dataclass(frozen=True)
@@ -378,6 +470,37 @@ def wants_model_calls(model) -> None:
     """Register ``start_model_call`` on ``model`` (once, under our key)."""
     if start_model_call not in model.get_wrappers(APPLY_MODEL, WRAPPER_KEY):
         model.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, start_model_call)
+
+
+def with_replacements(table: Mapping | None, keys: Iterable, make: Callable) -> dict:
+    """A copy of ``table`` (replacements by key; ``None``: none) with ``make(key, inner)`` for each of ``keys``,
+    ``inner`` being the one there before (``None``)."""
+    table = dict(table or {})
+    return table | {key: make(key, table.get(key)) for key in keys}
+
+
+def with_dit_replacements(replaces: Mapping, keys: Iterable, make: Callable) -> dict:
+    """A copy of ``patches_replace`` (the model's, shared with its clones: never written) whose ``dit`` block
+    replacements are ``with_replacements``'s."""
+    return dict(replaces, dit=with_replacements(replaces.get("dit"), keys, make))
+
+
+@functools.cache
+def _swapped(base: type, mixin: type, attributes: tuple) -> type:
+    return type(f"ToMe{base.__name__}", (mixin, base), {"tome_base": base, **dict(attributes)})
+
+
+def mixed_class(base: type, mixin: type, **attributes) -> type:
+    """``base`` with ``mixin`` in front and ``attributes`` set, ``tome_base`` naming ``base``: one class per base,
+    mixin and attributes, so every clone swapping a module's class gets the same class. A ``base`` that is such a
+    class already (the shared model is loaded with another clone's swap right now) is swapped from its own base."""
+    return _swapped(getattr(base, "tome_base", base), mixin, tuple(sorted(attributes.items())))
+
+
+def without_swapped_classes(model, mixin: type) -> None:
+    """Drop from ``model``'s object patches an earlier node's class swaps to ``mixin``'s subclasses."""
+    for name in [k for k, v in model.object_patches.items() if isinstance(v, type) and issubclass(v, mixin)]:
+        del model.object_patches[name]
 
 
 def without_patches(patches: dict, types: tuple) -> None:

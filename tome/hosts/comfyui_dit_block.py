@@ -1,6 +1,6 @@
 """The block scope of ToMe and ToDo on ComfyUI's DiTs: a whole transformer block on the reduced image tokens.
 
-At the attention scope (``comfyui_dit``) only the attention call sees fewer
+At the attention scope (``comfyui_dit_attention``) only the attention call sees fewer
 tokens. At the block scope the projections, the attention and the MLP of a
 block all run on them: a ``dit`` block replacement
 (``transformer_options["patches_replace"]["dit"][("double_block", i)]`` and
@@ -26,53 +26,22 @@ position (the rotary table ``pe`` is per token along the sequence, gathered
 like the tokens), a pooled cell at the position of its first token (its
 top-left, the token ``nearest`` pooling keeps); every other per-token table (a
 per-token modulation, a mask over the sequence) likewise. While a reduced
-block runs, the attention override (``comfyui_dit``) is told the reduced
+block runs, the attention override (``comfyui_dit_attention``) is told the reduced
 layout: after ToDo, the pooled grid (an attention-scope ToMe then merges it);
 after ToMe, none (the merged tokens are no grid, so attention runs on them as
 they are).
 
-Families done, each one ``FamilyBlocks`` in ``BLOCK_FAMILIES`` (its blocks in
-the order they run, and per kind of block how its arguments hold the tokens, a
-``BlockArgs``):
-
-- Flux and its descendants (Flux 2, Chroma, Chroma Radiance): double blocks
-  take ``img`` ([image | references]) and ``txt`` apart, single blocks
-  ``[txt | image | references]`` joined; ``pe`` covers ``[txt | img]``.
-- SD3 / SD3.5 (MMDiT): joint blocks take ``img`` (the image alone) and ``txt``
-  ([registers | text]) apart; no ``pe`` (the learned position table is added
-  to the tokens before the blocks, so they carry their positions). SD3.5's
-  image-only second attention (``attn2``) runs on the reduced image too; the
-  last block's text (``pre_only``) comes out as ``None``, as without us.
-- Wan 2.x (t2v, i2v, Fun and Fun Control with their reference frame, VACE with
-  its reference frames, Wan 2.2 TI2V-5B) and Wan 2.2 Animate (its reference
-  frame): ``img`` is the video sequence alone (the text is cross-attention
-  context), ``pe`` is per token of it (``[1, L, 1, D/2, 2, 2]``); TI2V-5B's
-  per-frame modulation (``vec [B, T, 6, C]``) is pooled over frames as the
-  tokens are. VACE's control blocks run between the main blocks on the full
-  video (``x_orig``) and add into the full output, as without us.
-- Qwen-Image: as Flux's double blocks (``img`` [image | edit references],
-  ``txt`` apart, ``pe`` over ``[txt | img]``).
-- HunyuanVideo (and 1.5, HunyuanImage 2.1): Flux's blocks with the text
-  after the image: double blocks take ``img`` ([I2V reference | video]) and
-  ``txt`` apart, single blocks ``[reference | video | text]`` joined; ``pe``
-  and the text-padding mask ``attention_mask`` ``[1, 1, L]`` cover
-  ``[img | txt]``; image to video's first-frame modulation
-  (``modulation_dims``, token ranges) moves to the reduced first frame.
-- LTX-Video: ``img`` is ``[video | keyframe guides]`` (the text is
-  cross-attention context, its ``attention_mask`` the text's), ``pe`` per token
-  of it, ``vec`` per token where a start image or keyframe runs at its own
-  timestep.
-- Mochi: ``img`` (the video) and ``txt`` apart, joint attention over
-  ``[video | text cut to num_tokens]``; its rotary tables ``rope_cos`` and
-  ``rope_sin`` ``[N, heads, D/2]`` cover the video alone.
-- Lumina 2 / Z-Image and HiDream, whose blocks ComfyUI calls without a ``dit``
-  replacement: their blocks' classes are swapped on the patched clone for ones
-  that take the same replacements (``BlockSwap``, ``comfyui_dit_swap``).
-  Lumina's main layers take ``[text | image]`` joined (each padded, Z-Image),
-  HiDream's double-stream blocks the image and its text apart (text after the
-  image), its single-stream blocks ``[image | text]`` joined; their rotary
-  tables ``[B, L, 1, D/2, 2, 2]`` cover the sequence. HiDream E1's image, in
-  rows beside its edit image, runs whole (one warning per run).
+Every argument a block takes is declared, per family and kind of block, in
+``dit_families.BLOCK_FAMILIES`` (a ``BlockArgs``; how each family's blocks
+hold their tokens is described there): reduced (``img``), passed whole,
+gathered (per-token tables), moved (token ranges). A call whose arguments the
+reduced tokens cannot follow runs whole, with one warning per sampling run
+naming the argument (``refused``): an undeclared tensor with an axis as long
+as the sequence or ``img`` (a newer ComfyUI's, another pack's), a mask over the
+sequence (regional prompting), a table of the wrong kind (not a tensor, or of
+neither one row per token nor one row). A token range inside a frame, or a
+per-frame modulation beside other tokens, runs whole too (``placed``, one
+warning per run).
 
 Every other family (Wan 2.2 S2V and HuMo among them: S2V hands its blocks no
 ``transformer_options`` and a per-token modulation of its own, HuMo's audio
@@ -82,19 +51,19 @@ as a grid) is left to the attention scope, with a warning when the node runs
 
 A matching reused (ToMe): the plan an earlier block of the model call matched
 serves the next ``reuse_blocks - 1`` blocks (kept in the call's ``ModelCall``;
-no node offers it: the quality bench found it moves the prediction a quarter
-to a third further for a few percent of a forward), and a block's plan serves
-its next ``reuse_steps - 1`` steps (kept in the run's ``SamplingRun`` per batch
-of conds, as on U-Nets). Seeds count every block call, reused or not.
+no node offers it: docs/DITS.md "A matching reused" says what it costs), and a
+block's plan serves its next ``reuse_steps - 1`` steps (kept in the run's
+``SamplingRun`` per batch of conds, as on U-Nets). Seeds count every block call,
+reused or not.
 
 Which blocks: the first ``skip_first`` and the last ``skip_last`` blocks of the
 model, in the order they run (double blocks, then single ones), stay whole;
 which steps: the node's sampling window. A replacement goes on every block of
-the model (those outside the chosen ones pass straight through): whether a key
-is in ``patches_replace`` is read by a compiled model without a guard on the
-ComfyUI of late 2026, so every clone with the block scope shows a compiled
-model the same keys. Replacements run outside compiled graphs (``eager``): on
-a compiled model each block the scope reaches runs uncompiled.
+the model (those outside the chosen ones pass straight through): a compiled
+model reads whether a key is in ``patches_replace`` without a guard on newer
+ComfyUI, so every clone with the block scope shows a compiled model the same
+keys. Replacements run outside compiled graphs (``eager``): on a compiled
+model each block the scope reaches runs uncompiled.
 
 No ComfyUI import; patch objects hold only frozen settings.
 """
@@ -103,269 +72,36 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ..downsample import NEAREST
 from ..merge import IDENTITY, PRUNE
-from .comfyui import RUN_KEY, batch_of_conds, eager, model_call, options_of_call
-from .comfyui_dit import (
-    LAYOUT_KEY,
-    SCOPE_BLOCK,
-    DiTReduction,
-    DiTToDo,
-    DiTToMe,
-    _warn_grid_too_small,
-    pool_grid,
-    replace_span,
+from .comfyui import (
+    eager,
+    first_in_run,
+    kept_plan,
+    model_call,
+    options_of_call,
+    with_dit_replacements,
+    with_replacements,
 )
-from .comfyui_dit_swap import SWAPPED_KEY, HiDreamBlock, LuminaBlock, swap_blocks, without_swapped_blocks
+from .comfyui_dit_swap import SWAPPED_KEY, swap_blocks, without_swapped_blocks
 from .dit_families import (
-    FLUX,
-    HIDREAM,
-    HUNYUAN_VIDEO,
-    LTXV,
-    LUMINA2,
-    MOCHI,
-    QWEN_IMAGE,
-    SD3,
-    WAN,
-    WAN_ANIMATE,
+    BLOCK_FAMILIES,
+    IMG,
+    BlockArgs,
+    BlockKey,
     ImageLayout,
+    TokenRows,
     image_layout,
 )
+from .dit_settings import LAYOUT_KEY, SCOPE_BLOCK, DiTToDo, DiTToMe
+from .dit_tokens import frame_plan, pool_grid, pools, replace_span
 
 log = logging.getLogger(__name__)
-
-DOUBLE, SINGLE = "double_block", "single_block"
-
-
-def flux_block_keys(net: torch.nn.Module) -> tuple[tuple[str, int], ...]:
-    """Flux's blocks in the order they run: its double blocks, then its single blocks."""
-    return tuple((DOUBLE, i) for i in range(len(net.double_blocks))) + \
-        tuple((SINGLE, i) for i in range(len(net.single_blocks)))
-
-
-def double_blocks(name: str) -> Callable[[torch.nn.Module], tuple[tuple[str, int], ...]]:
-    """The block keys of a model whose one list of blocks, ``net.<name>``, ComfyUI calls ``("double_block", i)``."""
-    return lambda net: tuple((DOUBLE, i) for i in range(len(getattr(net, name))))
-
-
-def block_paths(**lists: str) -> Callable[[torch.nn.Module], dict[tuple[str, int], str]]:
-    """The paths of a swapped family's blocks by key: ``lists`` names, per kind of block, its list in the net
-    (``double_block="layers"``: ``("double_block", i)`` is ``layers.i``)."""
-    return lambda net: {(kind, i): f"{name}.{i}" for kind, name in lists.items()
-                        for i in range(len(getattr(net, name)))}
-
-
-def hidream_block_keys(net: torch.nn.Module) -> tuple[tuple[str, int], ...]:
-    """HiDream's blocks in the order they run: its double-stream blocks, then its single-stream blocks."""
-    return tuple((DOUBLE, i) for i in range(len(net.double_stream_blocks))) + \
-        tuple((SINGLE, i) for i in range(len(net.single_stream_blocks)))
-
-
-def per_frame(vec) -> bool:
-    """Whether a block's modulation ``vec`` holds one entry per latent frame (``[B, T, 6, C]``, ``T > 1``)."""
-    return isinstance(vec, torch.Tensor) and vec.ndim == 4 and vec.shape[1] > 1
-
-
-# Where a block's sequence puts its text: ``args["txt"]`` ahead of the image stream (Flux's double blocks, SD3,
-# Qwen-Image), after it (HunyuanVideo's double blocks, Mochi), or in no sequence of the block's (``None``: joined
-# into ``img`` already, or cross-attention context).
-TEXT_BEFORE, TEXT_AFTER = "before", "after"
-# What a per-token table has one row for: every token of the layout's sequence, or those of ``args["img"]``.
-SEQUENCE, IMAGE_STREAM = "sequence", "img"
-
-
-@dataclass(frozen=True)
-class TokenRows:
-    """An entry of a block's ``args`` with one row per token (rotary tables, a per-token modulation, a
-    self-attention mask over the sequence), which follows the tokens into the reduced block: a merged token
-    gets its destination's row, a pooled cell its first token's. A table of one row is shared by every token
-    and left as it is.
-
-    ``axis``: its token axis; ``over``: the tokens it has rows for (``SEQUENCE`` or ``IMAGE_STREAM``);
-    ``batched``: whether its first axis is the batch (Mochi's rotary tables ``[N, heads, D/2]`` have none).
-    """
-
-    key: str
-    axis: int
-    over: str = SEQUENCE
-    batched: bool = True
-
-    def image_at(self, start: int, offset: int) -> int:
-        """Where the image starts in the table's rows, ``start`` and ``offset`` being where it and ``img`` start
-        in the layout's sequence."""
-        return start if self.over == SEQUENCE else start - offset
-
-    def expected(self, length: int, stream: int) -> int:
-        """How many rows a table following the tokens has, of a sequence of ``length`` and an ``img`` of
-        ``stream`` tokens."""
-        return length if self.over == SEQUENCE else stream
-
-
-@dataclass(frozen=True)
-class BlockArgs:
-    """How one kind of block of a family holds its tokens in the ``args`` of ComfyUI's ``dit`` replacement.
-
-    ``text``: where ``args["txt"]`` sits in the layout's sequence (``TEXT_BEFORE``, ``TEXT_AFTER``) or ``None``
-    (the sequence is ``img`` itself: Flux's single blocks hold the text in it, Wan's and LTX-Video's text is
-    cross-attention context); ``text_crop``: the ``args`` key of how many text tokens the sequence takes (Mochi's
-    ``num_tokens``). ``rows``: the per-token tables that follow the tokens. ``ranges``: ``args`` keys of token
-    ranges ``[(start, end or None, modulation index)]`` over ``img`` (HunyuanVideo's image-to-video modulation:
-    the first frame's tokens apart), moved to the reduced tokens' frames. ``frame_vec``: ``vec`` may hold one
-    modulation per latent frame, which the block repeats over each frame's tokens (Wan 2.2 TI2V-5B with a start
-    image).
-    """
-
-    text: str | None
-    rows: tuple[TokenRows, ...] = ()
-    text_crop: str | None = None
-    ranges: tuple[str, ...] = ()
-    frame_vec: bool = False
-
-    def sequence(self, args: dict) -> tuple[int, int]:
-        """Where ``img`` starts in the layout's sequence of this call, and the sequence's length."""
-        stream = args["img"].shape[1]
-        if self.text is None:
-            return 0, stream
-        text = args["txt"].shape[1]
-        if self.text_crop is not None:
-            text = min(text, args[self.text_crop])
-        return (text, text + stream) if self.text == TEXT_BEFORE else (0, stream + text)
-
-    def tables(self, args: dict, length: int) -> list[tuple[TokenRows, torch.Tensor]] | None:
-        """The tables of this call that follow the tokens (those of one row per token); ``None`` where one
-        has neither one row per token nor a single row."""
-        tables, stream = [], args["img"].shape[1]
-        for rows in self.rows:
-            table = args.get(rows.key)
-            if not isinstance(table, torch.Tensor) or table.shape[rows.axis] == 1:
-                continue
-            if table.shape[rows.axis] != rows.expected(length, stream):
-                return None
-            tables.append((rows, table))
-        return tables
-
-    def fits(self, args: dict, layout: ImageLayout, start: int, offset: int, length: int) -> bool:
-        """Whether this call's positions and modulation can follow the reduced tokens: its tables one row per
-        token (or one for all), its token ranges bounded at the image's frames, a per-frame modulation only where
-        the sequence is the video alone."""
-        if self.tables(args, length) is None:
-            return False
-        frame, at = layout.grid[1] * layout.grid[2], start - offset
-        for key in self.ranges:
-            for bound in range_bounds(args.get(key)):
-                if at < bound < at + layout.n_tokens and (bound - at) % frame:
-                    return False
-        if self.frame_vec and per_frame(args.get("vec")):
-            return start == 0 and layout.n_tokens == length and args["vec"].shape[1] == layout.grid[0]
-        return True
-
-    def following(self, args: dict, reduction: Reduction, start: int, offset: int, length: int, layout: ImageLayout,
-                  reduced: int) -> dict:
-        """The ``args`` entries that follow the tokens into the reduced block: each table's image rows replaced
-        by the reduced tokens' (``start``, ``offset``: where the image and ``img`` start in the layout's
-        sequence), token ranges moved to the reduced frames (the image's ``n_tokens`` now ``reduced``), a
-        per-frame modulation pooled over frames as the tokens are."""
-        batch, n = args["img"].shape[0], layout.n_tokens
-        changes = {rows.key: gathered_rows(table, rows, rows.image_at(start, offset), n, batch, reduction)
-                   for rows, table in self.tables(args, length)}
-        for key in self.ranges:
-            if args.get(key) is not None:
-                moved = MovedBounds(start - offset, layout, reduction, reduced)
-                changes[key] = [(moved(a), moved(b), index) for a, b, index in args[key]]
-        if self.frame_vec and per_frame(args.get("vec")):
-            changes["vec"] = reduction.frames(args["vec"])
-        return changes
-
-
-def range_bounds(ranges) -> list[int]:
-    """The token bounds of ``[(start, end or None, index)]`` ranges (none for ``None``)."""
-    return [bound for a, b, _ in ranges or () for bound in (a, b) if bound is not None]
-
-
-@dataclass(frozen=True)
-class MovedBounds:
-    """A token bound of ``img`` (before, inside at a frame's start, or after the image's ``layout.n_tokens``
-    from ``at``) moved to the reduced tokens: ``reduced`` of them, frame by frame of the reduced frames."""
-
-    at: int
-    layout: ImageLayout
-    reduction: Reduction
-    reduced: int
-
-    def __call__(self, bound: int | None) -> int | None:
-        n = self.layout.n_tokens
-        if bound is None or bound <= self.at:
-            return bound
-        if bound >= self.at + n:
-            return bound - n + self.reduced
-        frame = (bound - self.at) // (self.layout.grid[1] * self.layout.grid[2])
-        frames = self.reduction.frame(self.layout.grid[0])
-        return self.at + self.reduction.frame(frame) * (self.reduced // frames)
-
-
-@dataclass(frozen=True)
-class BlockSwap:
-    """How the block scope reaches the blocks of a family ComfyUI calls without a ``dit`` replacement
-    (``comfyui_dit_swap``): ``paths(net)``, each block's path under the diffusion model by key, and ``mixin``,
-    the swapped class's front."""
-
-    paths: Callable[[torch.nn.Module], dict[tuple[str, int], str]]
-    mixin: type
-
-
-@dataclass(frozen=True)
-class FamilyBlocks:
-    """A family the block scope reaches: ``keys(net)``, its blocks in the order they run; ``args``, per kind of
-    block (``DOUBLE``, ``SINGLE``), how it holds its tokens; ``swap``, for a family ComfyUI calls without a
-    ``dit`` replacement, how its blocks' classes are swapped (``None``: ComfyUI's own replacement)."""
-
-    keys: Callable[[torch.nn.Module], tuple[tuple[str, int], ...]]
-    args: Mapping[str, BlockArgs]
-    swap: BlockSwap | None = None
-
-
-FLUX_DOUBLE = BlockArgs(TEXT_BEFORE, (TokenRows("pe", 2),))
-FLUX_SINGLE = BlockArgs(None, (TokenRows("pe", 2),))
-SD3_JOINT = BlockArgs(TEXT_BEFORE)
-WAN_BLOCK = BlockArgs(None, (TokenRows("pe", 1),), frame_vec=True)
-WAN_BLOCKS = FamilyBlocks(double_blocks("blocks"), {DOUBLE: WAN_BLOCK})
-# HunyuanVideo's self-attention mask (text padding) is ``[1, 1, L]`` over the sequence, its image rows zero.
-HUNYUAN_ROWS = (TokenRows("pe", 2), TokenRows("attention_mask", 2))
-# LTX-Video's modulation ``vec`` is ``[B, 1, 6C]``, or one per token (a start image or keyframe at timestep 0).
-LTXV_BLOCK = BlockArgs(None, (TokenRows("pe", 2), TokenRows("vec", 1)))
-MOCHI_ROPE = tuple(TokenRows(key, 0, IMAGE_STREAM, batched=False) for key in ("rope_cos", "rope_sin"))
-# Lumina 2's and HiDream's rotary tables are ``[B, L, 1, D/2, 2, 2]`` over the sequence.
-SEQUENCE_ROPE = (TokenRows("pe", 1),)
-
-# The families whose blocks the block scope reaches (names of ``dit_families``; a family's variants that are
-# families of their own need their own entry), and how.
-BLOCK_FAMILIES: dict[str, FamilyBlocks] = {
-    FLUX: FamilyBlocks(flux_block_keys, {DOUBLE: FLUX_DOUBLE, SINGLE: FLUX_SINGLE}),
-    SD3: FamilyBlocks(double_blocks("joint_blocks"), {DOUBLE: SD3_JOINT}),
-    WAN: WAN_BLOCKS,
-    WAN_ANIMATE: WAN_BLOCKS,  # its face adapter adds into the full video after a block, as without us
-    QWEN_IMAGE: FamilyBlocks(double_blocks("transformer_blocks"), {DOUBLE: FLUX_DOUBLE}),
-    HUNYUAN_VIDEO: FamilyBlocks(flux_block_keys, {
-        DOUBLE: BlockArgs(TEXT_AFTER, HUNYUAN_ROWS, ranges=("modulation_dims_img",)),
-        SINGLE: BlockArgs(None, HUNYUAN_ROWS, ranges=("modulation_dims",))}),
-    LTXV: FamilyBlocks(double_blocks("transformer_blocks"), {DOUBLE: LTXV_BLOCK}),
-    MOCHI: FamilyBlocks(double_blocks("blocks"), {DOUBLE: BlockArgs(TEXT_AFTER, MOCHI_ROPE, text_crop="num_tokens")}),
-    # Lumina 2 / Z-Image: its main layers take [text (+ padding) | image (+ padding)] joined (the refiners, which
-    # see the text alone and the image alone, are not blocks of the scope).
-    LUMINA2: FamilyBlocks(double_blocks("layers"), {DOUBLE: BlockArgs(None, SEQUENCE_ROPE)},
-                          BlockSwap(block_paths(double_block="layers"), LuminaBlock)),
-    # HiDream: double-stream blocks take the image and the text (T5, the LLM's last and the block's own layer)
-    # apart, single-stream blocks [image | text] joined; E1's image, in rows beside its edit image, runs whole.
-    HIDREAM: FamilyBlocks(hidream_block_keys, {DOUBLE: BlockArgs(TEXT_AFTER, SEQUENCE_ROPE),
-                                               SINGLE: BlockArgs(None, SEQUENCE_ROPE)},
-                          BlockSwap(block_paths(double_block="double_stream_blocks",
-                                                single_block="single_stream_blocks"), HiDreamBlock)),
-}
 
 
 def chosen_blocks(keys: tuple, skip_first: int, skip_last: int) -> frozenset:
@@ -490,10 +226,101 @@ def gathered_rows(table: torch.Tensor, rows: TokenRows, start: int, n: int, batc
     return replace_span(tokens, start, n, image.reshape(batch, -1, *rest)).movedim(1, axis)
 
 
+def range_bounds(ranges) -> list[int]:
+    """The token bounds of ``[(start, end or None, index)]`` ranges (none for ``None``)."""
+    return [bound for a, b, _ in ranges or () for bound in (a, b) if bound is not None]
+
+
+@dataclass(frozen=True)
+class MovedBounds:
+    """A token bound of ``img`` (before, inside at a frame's start, or after the image's ``layout.n_tokens``
+    from ``at``) moved to the reduced tokens: ``reduced`` of them, frame by frame of the reduced frames."""
+
+    at: int
+    layout: ImageLayout
+    reduction: Reduction
+    reduced: int
+
+    def __call__(self, bound: int | None) -> int | None:
+        n = self.layout.n_tokens
+        if bound is None or bound <= self.at:
+            return bound
+        if bound >= self.at + n:
+            return bound - n + self.reduced
+        frame = (bound - self.at) // (self.layout.grid[1] * self.layout.grid[2])
+        frames = self.reduction.frame(self.layout.grid[0])
+        return self.at + self.reduction.frame(frame) * (self.reduced // frames)
+
+
+# What a block call's arguments allow: the checks before its tokens are reduced.
+
+def tensors_in(value) -> list[torch.Tensor]:
+    """The tensors of one block argument: itself, or those of a tuple or list (Flux 2's modulations)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [v for v in value if isinstance(v, torch.Tensor)] if isinstance(value, (tuple, list)) else []
+
+
+def refused(form: BlockArgs, args: dict, length: int) -> tuple[str, str] | None:
+    """The argument of this block call (``args``, of a sequence of ``length`` tokens) that its reduced tokens
+    cannot follow, and why; ``None`` where there is none: a mask over the sequence, a table of the wrong kind, or
+    an undeclared tensor with an axis as long as the sequence or ``img``."""
+    for key in form.masks:
+        if args.get(key) is not None:
+            return key, ("masks attention over the sequence (regional prompting, say), which reduced tokens cannot "
+                         "follow")
+    wrong = form.wrong_table(args, length)
+    if wrong is not None:
+        return wrong, ("should be a tensor of one row per token, or of one row, and is not (a newer ComfyUI or "
+                       "another pack may have changed it)")
+    counts = {length, args[IMG].shape[1]}
+    for key, value in args.items():
+        if key not in form.declared and any(n in counts for t in tensors_in(value) for n in t.shape):
+            return key, ("is no argument this pack knows for this model's blocks and has an entry per token (a "
+                         "newer ComfyUI or another pack may have added it)")
+    return None
+
+
+def per_frame(vec) -> bool:
+    """Whether a block's modulation ``vec`` holds one entry per latent frame (``[B, T, 6, C]``, ``T > 1``)."""
+    return isinstance(vec, torch.Tensor) and vec.ndim == 4 and vec.shape[1] > 1
+
+
+def placed(form: BlockArgs, args: dict, layout: ImageLayout, start: int, offset: int, length: int) -> bool:
+    """Whether this call's positions and modulation can follow the reduced tokens (its tables of the right kind
+    already): its token ranges bounded at the image's frames, a per-frame modulation only where the sequence is
+    the video alone."""
+    frame, at = layout.grid[1] * layout.grid[2], start - offset
+    for key in form.ranges:
+        for bound in range_bounds(args.get(key)):
+            if at < bound < at + layout.n_tokens and (bound - at) % frame:
+                return False
+    if form.frame_vec and per_frame(args.get("vec")):
+        return start == 0 and layout.n_tokens == length and args["vec"].shape[1] == layout.grid[0]
+    return True
+
+
+def following(form: BlockArgs, args: dict, reduction: Reduction, start: int, offset: int, length: int,
+              layout: ImageLayout, reduced: int) -> dict:
+    """The ``args`` entries that follow the tokens into the reduced block: each table's image rows replaced by the
+    reduced tokens' (``start``, ``offset``: where the image and ``img`` start in the layout's sequence), token
+    ranges moved to the reduced frames (the image's ``n_tokens`` now ``reduced``), a per-frame modulation pooled
+    over frames as the tokens are."""
+    batch, n = args[IMG].shape[0], layout.n_tokens
+    changes = {rows.key: gathered_rows(table, rows, rows.image_at(start, offset), n, batch, reduction)
+               for rows, table in form.tables(args, length)}
+    for key in form.ranges:
+        if args.get(key) is not None:
+            moved = MovedBounds(start - offset, layout, reduction, reduced)
+            changes[key] = [(moved(a), moved(b), index) for a, b, index in args[key]]
+    if form.frame_vec and per_frame(args.get("vec")):
+        changes["vec"] = reduction.frames(args["vec"])
+    return changes
+
+
 def _warn_unrecognised_block(options, length: int, layout: ImageLayout) -> None:
     """Once per sampling run: a block whose sequence the layout does not know is left whole."""
-    run = options.get(RUN_KEY)
-    if run is None or run.first_warning("unrecognised block"):
+    if first_in_run(options, "unrecognised block"):
         log.warning("Apply ToDo / Apply ToMe: a block of %d tokens is not one this model's token layout knows "
                     "(image grid %s); it runs whole, as does every such block in this run", length,
                     "x".join(map(str, layout.grid)))
@@ -501,18 +328,23 @@ def _warn_unrecognised_block(options, length: int, layout: ImageLayout) -> None:
 
 def _warn_unplaced_block(options, length: int) -> None:
     """Once per sampling run: a block whose positions or modulation cannot follow its reduced tokens."""
-    run = options.get(RUN_KEY)
-    if run is None or run.first_warning("unplaced block"):
+    if first_in_run(options, "unplaced block"):
         log.warning("Apply ToDo / Apply ToMe: a block of %d tokens has rotary positions, a modulation or a mask "
                     "that do not match its tokens one for one; it runs whole, as does every such block in this run",
                     length)
 
 
+def _warn_refused(options, key: str, why: str) -> None:
+    """Once per sampling run and argument: a block call whose argument ``key`` its reduced tokens cannot follow."""
+    if first_in_run(options, f"block argument {key}"):
+        log.warning("Apply ToDo / Apply ToMe: the block argument %r %s; dit_scope 'block' runs such blocks whole "
+                    "in this run", key, why)
+
+
 def _warn_image_in_rows(options) -> None:
     """Once per sampling run: an image laid out in rows between other tokens (HiDream E1's, beside its edit
     image) is no span a block can be handed reduced; its blocks run whole."""
-    run = options.get(RUN_KEY)
-    if run is None or run.first_warning("image in rows"):
+    if first_in_run(options, "image in rows"):
         log.warning("Apply ToDo / Apply ToMe: this model's image lies in rows between other tokens (HiDream E1's, "
                     "beside its edit image): dit_scope 'block' leaves its blocks whole; dit_scope 'attention' "
                     "reduces it")
@@ -526,11 +358,11 @@ class BlockScope:
 
     todo: DiTToDo | None
     tome: DiTToMe | None
-    keys: tuple[tuple[str, int], ...]
+    keys: tuple[BlockKey, ...]
     family: str
 
-    def args(self, key: tuple[str, int]) -> BlockArgs:
-        """How block ``key`` holds its tokens."""
+    def args(self, key: BlockKey) -> BlockArgs:
+        """What block ``key`` takes."""
         return BLOCK_FAMILIES[self.family].args[key[0]]
 
     def reaches(self, net: torch.nn.Module) -> bool:
@@ -549,14 +381,12 @@ class BlockScope:
         tokens; ``None``: not at all (a block or step outside the chosen ones, a grid smaller than
         the cell, nothing to merge). ToMe matches on the (pooled) tokens, once."""
         todo = self.todo if self.todo is not None and key in self.todo.blocks and \
-            self.todo.reach.in_window(options) else None
+            self.todo.window.in_window(options) else None
         tome = self.tome if self.tome is not None and key in self.tome.blocks and \
-            self.tome.reach.in_window(options) else None
+            self.tome.window.in_window(options) else None
         stages, grid, reduced = [], layout.grid, image
         if todo is not None:
-            if todo.factor > min(grid[1], grid[2]):
-                _warn_grid_too_small(grid, todo.factor)
-            else:
+            if pools(todo, grid):
                 pooling = Pooling(todo, grid)
                 stages.append(pooling)
                 grid, reduced = pooling.pooled_grid, pooling.reduce(reduced)
@@ -576,14 +406,11 @@ class BlockScope:
         index = call.next_attention()  # counted at every block, so a reused plan moves no later block's seed
 
         def fresh():
-            return DiTReduction.plan(tome, tokens, grid, index, options)
+            return frame_plan(tome, tokens, grid, index, options)
 
-        make, run = fresh, options.get(RUN_KEY)
-        if tome.reuse_steps > 1 and run is not None:
-            step_key = (key, tuple(tokens.shape), str(tokens.device), batch_of_conds(options))
+        def make():
+            return kept_plan(options, key, tokens, tome.reuse_steps, fresh)
 
-            def make():
-                return run.plan(step_key, options, tome.reuse_steps, fresh)
         if tome.reuse_blocks > 1:
             return call.block_plan(self.keys.index(key), (tuple(tokens.shape), grid), tome.reuse_blocks, make)
         return make()
@@ -592,12 +419,13 @@ class BlockScope:
 @dataclass(frozen=True)
 class BlockReduction:
     """The ``dit`` block replacement of block ``key`` (``("double_block", i)`` or ``("single_block", i)``):
-    runs the block on the reduced image tokens, or whole where the scope does not reach it. Made for one model
-    call (``BlockScope.replacing``). ``inner``: the replacement another node put on that block, called in the
-    block's place (on the reduced tokens) as before."""
+    runs the block on the reduced image tokens, or whole where the scope does not reach it or the call's
+    arguments do not allow it (``refused``, ``placed``). Made for one model call (``BlockScope.install``).
+    ``inner``: the replacement another node put on that block, called in the block's place, on the reduced
+    tokens."""
 
     scope: BlockScope
-    key: tuple[str, int]
+    key: BlockKey
     inner: Callable | None = None
 
     def run(self, args: dict, extra: dict) -> dict:
@@ -607,22 +435,25 @@ class BlockReduction:
     def __call__(self, args: dict, extra: dict) -> dict:
         options = options_of_call(args, extra)
         layout = options.get(LAYOUT_KEY)
-        if layout is not None:
-            model_call(options).reached.add(SCOPE_BLOCK)
-        if layout is not None and layout.row_stride is not None:
+        if layout is None:
+            return self.run(args, extra)
+        model_call(options).reached.add(SCOPE_BLOCK)
+        if layout.row_stride is not None:
             _warn_image_in_rows(options)
             return self.run(args, extra)
-        if layout is None or args.get("attn_mask") is not None:
-            return self.run(args, extra)
         form = self.scope.args(self.key)
-        img = args["img"]
+        img = args[IMG]
         offset, length = form.sequence(args)  # where img starts in the layout's sequence, and its length
+        refusal = refused(form, args, length)
+        if refusal is not None:
+            _warn_refused(options, *refusal)
+            return self.run(args, extra)
         start = layout.start(length)
         if start is None or start < offset or start - offset + layout.n_tokens > img.shape[1]:
             if not layout.recognises(length):
                 _warn_unrecognised_block(options, length, layout)
             return self.run(args, extra)
-        if not form.fits(args, layout, start, offset, length):
+        if not placed(form, args, layout, start, offset, length):
             _warn_unplaced_block(options, length)
             return self.run(args, extra)
         n = layout.n_tokens
@@ -635,7 +466,7 @@ class BlockReduction:
         reduction, reduced = reduced
         m = reduced.shape[1]
         reduced_args = dict(args, img=replace_span(img, start - offset, n, reduced),
-                            **form.following(args, reduction, start, offset, length, layout, m))
+                            **following(form, args, reduction, start, offset, length, layout, m))
         # Every sequence of the layout (SD3.5's image-only attn2 besides the joint one) loses the same tokens.
         options[LAYOUT_KEY] = None if reduction.grid is None else \
             image_layout(reduction.grid, {size - n + m: at for size, at in layout.starts.items()}, layout.others)
@@ -659,12 +490,9 @@ def replace_blocks(options: dict, family: str, keys, make: Callable) -> None:
     ``patches_replace["dit"]`` (the model's, shared with its clones: never written), or under ``SWAPPED_KEY``
     for a family whose blocks' classes are swapped."""
     if BLOCK_FAMILIES[family].swap is not None:
-        swapped = dict(options.get(SWAPPED_KEY) or {})
-        options[SWAPPED_KEY] = swapped | {key: make(key, swapped.get(key)) for key in keys}
-        return
-    replaces = options.get("patches_replace") or {}
-    dit = dict(replaces.get("dit") or {})
-    options["patches_replace"] = dict(replaces, dit=dit | {key: make(key, dit.get(key)) for key in keys})
+        options[SWAPPED_KEY] = with_replacements(options.get(SWAPPED_KEY), keys, make)
+    else:
+        options["patches_replace"] = with_dit_replacements(options.get("patches_replace") or {}, keys, make)
 
 
 def swap_family_blocks(model, family: str) -> None:
@@ -676,7 +504,7 @@ def swap_family_blocks(model, family: str) -> None:
         swap_blocks(model, blocks.swap.paths(model.get_model_object("diffusion_model")), blocks.swap.mixin)
 
 
-def block_keys(model, family: str) -> tuple[tuple[str, int], ...] | None:
+def block_keys(model, family: str) -> tuple[BlockKey, ...] | None:
     """Every block of ``model`` the block scope can reach, in the order they run; ``None`` for a family it does
     not cover."""
     blocks = BLOCK_FAMILIES.get(family)

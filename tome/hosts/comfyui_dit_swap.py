@@ -21,10 +21,9 @@ No ComfyUI import; the swapped classes hold only the key of their block.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
-from .comfyui import eager, options_of_call
+from .comfyui import eager, mixed_class, options_of_call, without_swapped_classes
 
 SWAPPED_KEY = "tome_blocks"  # in a model call's transformer_options: the replacements of swapped blocks, by key
 
@@ -88,12 +87,10 @@ class HiDreamBlock(SwappedBlock):
         return out["img"] if text_tokens is None else (out["img"], out["txt"])
 
 
-@functools.lru_cache(maxsize=256)
 def swapped_class(base: type, mixin: type, key: tuple[str, int]) -> type:
-    """``base`` with ``mixin`` in front, for block ``key``: one class per block class and key, so every clone
-    swapping a block gets the same class."""
-    base = getattr(base, "tome_base", base)  # the shared model is loaded with another clone's swap right now
-    return type(f"ToMe{base.__name__}", (mixin, base), {"tome_block_key": key, "tome_base": base})
+    """``base`` with ``mixin`` in front, for block ``key`` (``comfyui.mixed_class``): one class per block class
+    and key, so every clone swapping a block gets the same class."""
+    return mixed_class(base, mixin, tome_block_key=key)
 
 
 def swap_blocks(model, paths: dict[tuple[str, int], str], mixin: type) -> None:
@@ -106,5 +103,4 @@ def swap_blocks(model, paths: dict[tuple[str, int], str], mixin: type) -> None:
 
 def without_swapped_blocks(model) -> None:
     """Drop an earlier node's block class swaps from ``model``'s object patches."""
-    for name in [k for k, v in model.object_patches.items() if isinstance(v, type) and issubclass(v, SwappedBlock)]:
-        del model.object_patches[name]
+    without_swapped_classes(model, SwappedBlock)

@@ -12,9 +12,8 @@ import logging
 from ..downsample import AVERAGE, METHODS, NEAREST
 from ..merge import MEAN
 from . import comfyui_dit, comfyui_unet
-from .comfyui import check_choice
-from .comfyui_dit import SCOPE_ATTENTION, SKIP_FIRST_BLOCKS, SKIP_LAST_BLOCKS
-from .comfyui_unet import MERGE_QKV, SCOPE_SELF
+from .comfyui import MERGE_QKV, check_choice
+from .comfyui_unet import SCOPE_SELF
 from .dit_families import (
     COSMOS,
     COSMOS1,
@@ -30,16 +29,17 @@ from .dit_families import (
     WAN_ANIMATE,
     WAN_HUMO,
     WAN_S2V,
+    dit_family,
 )
+from .dit_settings import SCOPE_ATTENTION, SKIP_FIRST_BLOCKS, SKIP_LAST_BLOCKS
 
 log = logging.getLogger(__name__)
 
 # Apply ToDo's method "auto": per family, the pooling the quality bench measured cheaper on that family's
 # trained judge, by the x0 change at half the schedule (docs/QUALITY.md, "What the footprint and depth
 # changed"). Nearest and average cost the same time, so the cheaper in quality is the only choice that is never
-# the dearest. A family without a judge gets average, the choice whose measured worst case on a DiT is mildest:
-# nearest costs Flux four times what average does, average costs Wan 2.2 times what nearest does. ``None``: the
-# U-Nets.
+# the dearest. A family without a judge gets average, the choice whose measured worst case on a DiT is mildest
+# (docs/QUALITY.md has the figures). ``None``: the U-Nets.
 AUTO = "auto"
 METHOD_CHOICES = (AUTO, *METHODS)
 AUTO_METHODS = (
@@ -86,7 +86,7 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
                skip_last_blocks: int = SKIP_LAST_BLOCKS):
     """Apply ToMe's inputs to ``model``, a U-Net or a DiT; returns the patched clone (or ``model``). ``reduce``
     (``MEAN``, or the quality bench's ``PRUNE`` baseline) is no node input."""
-    if comfyui_dit.dit_family(model) is None:
+    if dit_family(model) is None:
         warn_ignored("Apply ToMe", model, dit_inputs(dit_scope, skip_first_blocks, skip_last_blocks))
         return comfyui_unet.apply_tome(model, ratio=ratio, stride_x=stride_x, stride_y=stride_y,
                                        max_downsample=max_downsample, seed=seed, use_rand=use_rand, merge=merge,
@@ -106,7 +106,7 @@ def apply_todo(model, *, downsample_factor: int, max_downsample: str = "auto", m
                skip_last_blocks: int = SKIP_LAST_BLOCKS):
     """Apply ToDo's inputs to ``model``, a U-Net or a DiT; returns the patched clone (or ``model``). ``method``
     ``auto`` picks the family's (``AUTO_METHOD``)."""
-    family = comfyui_dit.dit_family(model)
+    family = dit_family(model)
     chosen, method = method, todo_method(method, family)
     if chosen == AUTO:
         log.info("Apply ToDo: method auto is %s on %s", method, family or "a U-Net")

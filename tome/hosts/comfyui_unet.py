@@ -24,39 +24,38 @@ call, not once per block. No ComfyUI import.
 from __future__ import annotations
 
 import contextvars
-import functools
 import logging
 from dataclasses import dataclass
 
 import torch
 
 from ..downsample import METHODS, NEAREST, downsample_tokens
-from ..grid import derive_seed
 from ..levels import is_a, ldm_transformer_downsamples
-from ..merge import IDENTITY, MEAN, REDUCTIONS, build_plan
+from ..merge import IDENTITY, MEAN, REDUCTIONS
 from .comfyui import (
-    RUN_KEY,
+    MAX_FACTOR,
+    MERGE_KV,
+    MERGE_Q,
+    MERGE_QKV,
     Reach,
-    batch_of_conds,
     capped_ratio,
     check_choice,
     check_range,
-    current_sigma,
+    check_tome_inputs,
     eager,
     has_patches,
+    kept_plan,
+    mixed_class,
+    seeded_plan,
     sigma_window,
     wants_model_calls,
     wants_run_state,
+    warn_grid_too_small,
     without_patches,
+    without_swapped_classes,
 )
 
 log = logging.getLogger(__name__)
-
-# Which of the self-attention inputs are merged.
-MERGE_QKV = "q, k and v"
-MERGE_Q = "q only"
-MERGE_KV = "k and v only"
-MERGE_MODES = (MERGE_QKV, MERGE_Q, MERGE_KV)
 
 # Which modules of a patched block work on merged tokens.
 SCOPE_SELF = "self-attention"
@@ -110,25 +109,14 @@ class ToMeAttn1Patch:
         grid = s.reach.grid(n.shape[1], extra_options)
         if grid is None:
             return IDENTITY
-        cache = extra_options.get(RUN_KEY) if s.reuse_steps > 1 else None
-        if cache is None:
-            return self.fresh_plan(n, grid, extra_options)
-        key = (extra_options.get("block"), extra_options.get("block_index", 0), tuple(n.shape), str(n.device),
-               batch_of_conds(extra_options))
-        return cache.plan(key, extra_options, s.reuse_steps, lambda: self.fresh_plan(n, grid, extra_options))
+        block = (extra_options.get("block"), extra_options.get("block_index", 0))
+        return kept_plan(extra_options, block, n, s.reuse_steps, lambda: self.fresh_plan(n, grid, extra_options))
 
     def fresh_plan(self, n: torch.Tensor, grid: tuple[int, int], extra_options):
         """A new plan from this call's tokens ``n`` over their ``(w, h)`` grid."""
-        s = self.settings
         w, h = grid
-        generator = None
-        if s.use_rand:
-            block = extra_options.get("block") or ()
-            sigma = current_sigma(extra_options) or 0.0
-            seed = derive_seed(s.seed, sigma, block, extra_options.get("block_index", 0))
-            generator = torch.Generator().manual_seed(seed)
-        return build_plan(n, w, h, s.sx, s.sy, int(n.shape[1] * s.ratio), no_rand=not s.use_rand,
-                          generator=generator)
+        return seeded_plan(self.settings, n, w, h, int(n.shape[1] * self.settings.ratio),
+                           extra_options.get("block") or (), extra_options.get("block_index", 0), extra_options)
 
     @eager
     def __call__(self, n, context, value, extra_options):
@@ -195,12 +183,9 @@ class MergedFeedForward:
         return plan.unmerge(super().forward(plan.merge(x)))
 
 
-@functools.cache
 def merged_class(cls: type) -> type:
     """``cls`` with ``MergedFeedForward`` in front: the class a merged block's feed-forward takes."""
-    if issubclass(cls, MergedFeedForward):  # the shared model is loaded with another clone's swap right now
-        return cls
-    return type(f"ToMe{cls.__name__}", (MergedFeedForward, cls), {})
+    return mixed_class(cls, MergedFeedForward)
 
 
 TOME_PATCH_TYPES = (ToMeAttn1Patch, ToMeUnmergePatch, ToMeAttn2Patch)
@@ -213,13 +198,6 @@ class ToDoSettings:
     factor: int
     reach: Reach
     method: str = NEAREST
-
-
-@functools.lru_cache(maxsize=64)
-def _warn_grid_too_small(w: int, h: int, factor: int) -> None:
-    """Once per grid and factor, not once per block call."""
-    log.warning("Apply ToDo: downsample_factor %d is larger than a %dx%d token grid; that block is left as is",
-                factor, w, h)
 
 
 class ToDoAttn1Patch:
@@ -241,7 +219,7 @@ class ToDoAttn1Patch:
             return n, context, value
         w, h = grid
         if s.factor > min(w, h):
-            _warn_grid_too_small(w, h, s.factor)
+            warn_grid_too_small(w, h, s.factor)
             return n, context, value
 
         def pooled(t):
@@ -295,8 +273,7 @@ def feed_forward_class_keys(model) -> list[str]:
 
 def without_merged_feed_forwards(model) -> None:
     """Drop an earlier Apply ToMe's feed-forward class swaps from ``model``'s object patches."""
-    for key in [k for k, v in model.object_patches.items() if isinstance(v, type) and issubclass(v, MergedFeedForward)]:
-        del model.object_patches[key]
+    without_swapped_classes(model, MergedFeedForward)
 
 
 def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max_downsample: str = "auto",
@@ -306,14 +283,9 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
 
     ``reduce``: ``MEAN`` (ToMe) or ``PRUNE`` (the same tokens dropped: the quality bench's baseline; no node
     offers it). Every input is checked before anything is cloned: a bad one raises ``ValueError`` naming it."""
-    check_range("ratio", ratio, 0.0, 0.99)
-    check_range("stride_x", stride_x, 1, 8)
-    check_range("stride_y", stride_y, 1, 8)
-    check_range("reuse_steps", reuse_steps, 1, 20)
+    check_tome_inputs(ratio, stride_x, stride_y, reuse_steps, merge, reduce, REDUCTIONS)
     check_choice("max_downsample", max_downsample, DOWNSAMPLE_CHOICES)
-    check_choice("merge", merge, MERGE_MODES)
     check_choice("scope", scope, SCOPES)
-    check_choice("reduce", reduce, REDUCTIONS)
     if reduce != MEAN and scope != SCOPE_SELF:
         raise ValueError(f"reduce {reduce!r} is for scope {SCOPE_SELF!r} only, not {scope!r}")
     levels = unet_levels(model, "Apply ToMe")
@@ -354,7 +326,7 @@ def apply_todo(model, *, downsample_factor: int, max_downsample: str = "auto", m
     queries (and leaves the keys and values, which no longer share their layout). Every input is checked
     before anything is cloned: a bad one raises ``ValueError`` naming it.
     """
-    check_range("downsample_factor", downsample_factor, 1, 8)
+    check_range("downsample_factor", downsample_factor, 1, MAX_FACTOR)
     check_choice("max_downsample", max_downsample, DOWNSAMPLE_CHOICES)
     check_choice("method", method, METHODS)
     levels = unet_levels(model, "Apply ToDo")

@@ -1,4 +1,5 @@
-"""The DiT families of ``comfyui_dit``: how each is recognised, and where its image (video) tokens sit.
+"""The DiT families of ComfyUI: how each is recognised, where its image (video) tokens sit, and what its blocks
+take.
 
 A family is one ``Family`` in ``FAMILY_LIST``: the class names it is known by
 (of ComfyUI's ``model_base`` class or of its diffusion model), how its patch
@@ -6,12 +7,17 @@ size is read from the diffusion model, and its layout: from the latent's shape,
 the text length and the conds of one model call, an ``ImageLayout`` (the grid
 in patches, and where the image starts in each self-attention sequence that
 holds it). Every token a layout does not place in the image (text, registers,
-reference, edit, guide frames, padding) is left whole by the override. Adding a
-family touches this module, its tests and its example workflow; the machinery
-(the override, the wrappers, registration) is ``comfyui_dit``'s.
+reference, edit, guide frames, padding) is left whole. A family the block scope
+reaches has its entry in ``BLOCK_FAMILIES`` too: its blocks in the order they
+run, and per kind of block every argument of ComfyUI's ``dit`` block
+replacement, declared by what becomes of it (``BlockArgs``). Adding a family
+touches this module, its tests and its example workflow; the machinery (the
+attention override, the block replacements, the wrappers, registration) is
+``comfyui_dit`` and the modules it names.
 
-Each layout is written from the family's own code in ComfyUI (``comfy/ldm/<family>/``): the token order
-its blocks build, read from shapes alone. No ComfyUI import.
+Each layout and each block's arguments are written from the family's own code in ComfyUI
+(``comfy/ldm/<family>/``): the token order its blocks build, read from shapes alone, and the ``args`` its
+forward hands each block replacement. No ComfyUI import.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+from .comfyui_dit_swap import HiDreamBlock, LuminaBlock
 
 # Layouts: where the image tokens are, from shapes alone.
 
@@ -438,3 +446,242 @@ def dit_spec(model, family: str) -> DiTSpec:
                    byt5=getattr(net, "byt5_in", None) is not None, vision=getattr(net, "vision_in", None) is not None,
                    vace_main_blocks=len(net.blocks) if getattr(net, "vace_blocks", None) is not None else 0,
                    blocks_without_options=FAMILY_BY_NAME[family].blocks_without_options)
+
+
+# The blocks: what each family's blocks take, for the block scope (``comfyui_dit_block``).
+
+BlockKey = tuple[str, int]  # ComfyUI's key of a block: ("double_block", i) or ("single_block", i)
+DOUBLE, SINGLE = "double_block", "single_block"
+
+
+def keys_of(double: str, single: str | None = None) -> Callable[[torch.nn.Module], tuple[BlockKey, ...]]:
+    """A family's block keys in the order its blocks run: those of the list ``net.<double>``, which ComfyUI calls
+    ``("double_block", i)``, then those of ``net.<single>`` (``("single_block", i)``) where it has one."""
+    def keys(net: torch.nn.Module) -> tuple[BlockKey, ...]:
+        return tuple((DOUBLE, i) for i in range(len(getattr(net, double)))) + \
+            (tuple((SINGLE, i) for i in range(len(getattr(net, single)))) if single else ())
+    return keys
+
+
+def block_paths(**lists: str) -> Callable[[torch.nn.Module], dict[BlockKey, str]]:
+    """The paths of a swapped family's blocks by key: ``lists`` names, per kind of block, its list in the net
+    (``double_block="layers"``: ``("double_block", i)`` is ``layers.i``)."""
+    return lambda net: {(kind, i): f"{name}.{i}" for kind, name in lists.items()
+                        for i in range(len(getattr(net, name)))}
+
+
+# Where a block's sequence puts its text: ``args["txt"]`` ahead of the image stream (Flux's double blocks, SD3,
+# Qwen-Image), after it (HunyuanVideo's double blocks, Mochi), or in no sequence of the block's (``None``: joined
+# into ``img`` already, or cross-attention context).
+TEXT_BEFORE, TEXT_AFTER = "before", "after"
+# What a per-token table has one row for: every token of the layout's sequence, or those of ``args["img"]``.
+SEQUENCE, IMAGE_STREAM = "sequence", "img"
+IMG = "img"  # the argument holding the tokens the block scope reduces (the image's, where the layout places them)
+
+
+@dataclass(frozen=True)
+class TokenRows:
+    """An entry of a block's ``args`` with one row per token (rotary tables, a per-token modulation, a
+    self-attention mask over the sequence), which follows the tokens into the reduced block: a merged token
+    gets its destination's row, a pooled cell its first token's. A table of one row is shared by every token
+    and left as it is.
+
+    ``axis``: its token axis; ``over``: the tokens it has rows for (``SEQUENCE`` or ``IMAGE_STREAM``);
+    ``batched``: whether its first axis is the batch (Mochi's rotary tables ``[N, heads, D/2]`` have none).
+    """
+
+    key: str
+    axis: int
+    over: str = SEQUENCE
+    batched: bool = True
+
+    def image_at(self, start: int, offset: int) -> int:
+        """Where the image starts in the table's rows, ``start`` and ``offset`` being where it and ``img`` start
+        in the layout's sequence."""
+        return start if self.over == SEQUENCE else start - offset
+
+    def expected(self, length: int, stream: int) -> int:
+        """How many rows a table following the tokens has, of a sequence of ``length`` and an ``img`` of
+        ``stream`` tokens."""
+        return length if self.over == SEQUENCE else stream
+
+    def fits(self, table, length: int, stream: int) -> bool:
+        """Whether ``table`` (this entry of one call's ``args``) is absent, or a tensor of one row per token or a
+        single row."""
+        if table is None:
+            return True
+        return isinstance(table, torch.Tensor) and table.ndim > self.axis and \
+            table.shape[self.axis] in (1, self.expected(length, stream))
+
+
+@dataclass(frozen=True)
+class BlockArgs:
+    """Every argument one kind of block of a family takes in the ``args`` of ComfyUI's ``dit`` replacement, by
+    what the block scope does with it. ``img`` holds the tokens it reduces (the image's, where the layout places
+    them; every other token in it runs whole).
+
+    ``text``: where ``args["txt"]`` sits in the layout's sequence (``TEXT_BEFORE``, ``TEXT_AFTER``) or ``None``
+    (the sequence is ``img`` itself: Flux's single blocks hold the text in it, Wan's and LTX-Video's text is
+    cross-attention context). ``whole``: the arguments passed as they are (the text, a modulation shared by every
+    token, ``transformer_options``, text-only masks and ranges). ``rows``: the per-token tables that follow the
+    tokens. ``ranges``: ``args`` keys of token ranges ``[(start, end or None, modulation index)]`` over ``img``
+    (HunyuanVideo's image-to-video modulation: the first frame's tokens apart), moved to the reduced tokens'
+    frames. ``masks``: self-attention masks over the sequence (regional prompting's), which reduced tokens cannot
+    follow: a call with one runs whole. ``text_crop``: the ``args`` key of how many text tokens the sequence takes
+    (Mochi's ``num_tokens``). ``frame_vec``: ``vec`` (passed whole otherwise) may hold one modulation per latent
+    frame, which the block repeats over each frame's tokens (Wan 2.2 TI2V-5B with a start image): pooled over
+    frames as the tokens are. Any other argument is undeclared.
+    """
+
+    text: str | None
+    whole: tuple[str, ...] = ()
+    rows: tuple[TokenRows, ...] = ()
+    ranges: tuple[str, ...] = ()
+    masks: tuple[str, ...] = ()
+    text_crop: str | None = None
+    frame_vec: bool = False
+
+    @property
+    def declared(self) -> frozenset[str]:
+        """The ``args`` keys this kind of block takes."""
+        return frozenset((IMG, *self.whole, *(rows.key for rows in self.rows), *self.ranges, *self.masks,
+                          *((self.text_crop,) if self.text_crop else ())))
+
+    def sequence(self, args: dict) -> tuple[int, int]:
+        """Where ``img`` starts in the layout's sequence of this call, and the sequence's length."""
+        stream = args[IMG].shape[1]
+        if self.text is None:
+            return 0, stream
+        text = args["txt"].shape[1]
+        if self.text_crop is not None:
+            text = min(text, args[self.text_crop])
+        return (text, text + stream) if self.text == TEXT_BEFORE else (0, stream + text)
+
+    def wrong_table(self, args: dict, length: int) -> str | None:
+        """The first of this call's tables that is of the wrong kind (``TokenRows.fits``), ``length`` being the
+        sequence's; ``None`` where none is."""
+        stream = args[IMG].shape[1]
+        return next((rows.key for rows in self.rows if not rows.fits(args.get(rows.key), length, stream)), None)
+
+    def tables(self, args: dict, length: int) -> list[tuple[TokenRows, torch.Tensor]] | None:
+        """The tables of this call that follow the tokens (those of one row per token); ``None`` where one is of
+        the wrong kind."""
+        if self.wrong_table(args, length) is not None:
+            return None
+        return [(rows, args[rows.key]) for rows in self.rows
+                if args.get(rows.key) is not None and args[rows.key].shape[rows.axis] != 1]
+
+
+@dataclass(frozen=True)
+class BlockSwap:
+    """How the block scope reaches the blocks of a family ComfyUI calls without a ``dit`` replacement
+    (``comfyui_dit_swap``): ``paths(net)``, each block's path under the diffusion model by key, and ``mixin``,
+    the swapped class's front."""
+
+    paths: Callable[[torch.nn.Module], dict[BlockKey, str]]
+    mixin: type
+
+
+@dataclass(frozen=True)
+class FamilyBlocks:
+    """A family the block scope reaches: ``keys(net)``, its blocks in the order they run; ``args``, per kind of
+    block (``DOUBLE``, ``SINGLE``), what it takes; ``swap``, for a family ComfyUI calls without a ``dit``
+    replacement, how its blocks' classes are swapped (``None``: ComfyUI's own replacement)."""
+
+    keys: Callable[[torch.nn.Module], tuple[BlockKey, ...]]
+    args: Mapping[str, BlockArgs]
+    swap: BlockSwap | None = None
+
+
+# Each family's block arguments, as ComfyUI 0.3.75's forward hands them to a ``dit`` replacement (the step caches'
+# forwards, TeaCache's, MagCache's and First Block Cache's, hand a subset: no ``transformer_options``).
+OPTIONS = "transformer_options"
+# Flux, Flux 2, Chroma (Radiance): the rotary table ``pe [B, 1, L, D/2, 2, 2]`` over ``[txt | img]``; ``vec`` the
+# modulation (Flux 2's and Chroma's: tuples of them); ``attn_mask`` regional prompting's mask over the sequence.
+FLUX_PE = TokenRows("pe", 2)
+FLUX_DOUBLE = BlockArgs(TEXT_BEFORE, whole=("txt", "vec", OPTIONS), rows=(FLUX_PE,), masks=("attn_mask",))
+FLUX_SINGLE = BlockArgs(None, whole=("vec", OPTIONS), rows=(FLUX_PE,), masks=("attn_mask",))
+SD3_JOINT = BlockArgs(TEXT_BEFORE, whole=("txt", "vec", OPTIONS))
+# Wan: ``pe [1, L, 1, D/2, 2, 2]`` over the video; ``txt`` the cross-attention context; ``vec`` the modulation.
+WAN_BLOCKS = FamilyBlocks(keys_of("blocks"), {DOUBLE: BlockArgs(None, whole=("txt", "vec", OPTIONS),
+                                                                 rows=(TokenRows("pe", 1),), frame_vec=True)})
+# HunyuanVideo's self-attention mask (text padding) is ``[1, 1, L]`` over the sequence, its image rows zero.
+HUNYUAN_ROWS = (FLUX_PE, TokenRows("attention_mask", 2))
+# LTX-Video's modulation ``vec`` is ``[B, 1, 6C]``, or one per token (a start image or keyframe at timestep 0); its
+# ``attention_mask`` is the text's, for cross-attention.
+LTXV_BLOCK = BlockArgs(None, whole=("txt", "attention_mask", OPTIONS), rows=(FLUX_PE, TokenRows("vec", 1)))
+MOCHI_ROPE = tuple(TokenRows(key, 0, IMAGE_STREAM, batched=False) for key in ("rope_cos", "rope_sin"))
+# Lumina 2's and HiDream's rotary tables are ``[B, L, 1, D/2, 2, 2]`` over the sequence; the swapped blocks
+# (``comfyui_dit_swap``) hand their masks as ``attn_mask``.
+SEQUENCE_ROPE = (TokenRows("pe", 1),)
+
+# How each family's blocks hold their tokens:
+# - Flux and its descendants (Flux 2, Chroma, Chroma Radiance): double blocks
+#   take ``img`` ([image | references]) and ``txt`` apart, single blocks
+#   ``[txt | image | references]`` joined; ``pe`` covers ``[txt | img]``.
+# - SD3 / SD3.5 (MMDiT): joint blocks take ``img`` (the image alone) and ``txt``
+#   ([registers | text]) apart; no ``pe`` (the learned position table is added
+#   to the tokens before the blocks, so they carry their positions). SD3.5's
+#   image-only second attention (``attn2``) runs on the reduced image too; the
+#   last block's text (``pre_only``) comes out as ``None``, as without us.
+# - Wan 2.x (t2v, i2v, Fun and Fun Control with their reference frame, VACE with
+#   its reference frames, Wan 2.2 TI2V-5B) and Wan 2.2 Animate (its reference
+#   frame): ``img`` is the video sequence alone (the text is cross-attention
+#   context), ``pe`` is per token of it (``[1, L, 1, D/2, 2, 2]``); TI2V-5B's
+#   per-frame modulation (``vec [B, T, 6, C]``) is pooled over frames as the
+#   tokens are. VACE's control blocks run between the main blocks on the full
+#   video (``x_orig``) and add into the full output, as without us.
+# - Qwen-Image: as Flux's double blocks (``img`` [image | edit references],
+#   ``txt`` apart, ``pe`` over ``[txt | img]``).
+# - HunyuanVideo (and 1.5, HunyuanImage 2.1): Flux's blocks with the text
+#   after the image: double blocks take ``img`` ([I2V reference | video]) and
+#   ``txt`` apart, single blocks ``[reference | video | text]`` joined; ``pe``
+#   and the text-padding mask ``attention_mask`` ``[1, 1, L]`` cover
+#   ``[img | txt]``; image to video's first-frame modulation
+#   (``modulation_dims``, token ranges) moves to the reduced first frame.
+# - LTX-Video: ``img`` is ``[video | keyframe guides]`` (the text is
+#   cross-attention context, its ``attention_mask`` the text's), ``pe`` per token
+#   of it, ``vec`` per token where a start image or keyframe runs at its own
+#   timestep.
+# - Mochi: ``img`` (the video) and ``txt`` apart, joint attention over
+#   ``[video | text cut to num_tokens]``; its rotary tables ``rope_cos`` and
+#   ``rope_sin`` ``[N, heads, D/2]`` cover the video alone.
+# - Lumina 2 / Z-Image and HiDream, whose blocks ComfyUI calls without a ``dit``
+#   replacement: their blocks' classes are swapped on the patched clone for ones
+#   that take the same replacements (``BlockSwap``, ``comfyui_dit_swap``).
+#   Lumina's main layers take ``[text | image]`` joined (each padded, Z-Image),
+#   HiDream's double-stream blocks the image and its text apart (text after the
+#   image), its single-stream blocks ``[image | text]`` joined; their rotary
+#   tables ``[B, L, 1, D/2, 2, 2]`` cover the sequence. HiDream E1's image, in
+#   rows beside its edit image, runs whole (one warning per run).
+#
+# The families whose blocks the block scope reaches (names of ``FAMILY_LIST``; a family's variants that are
+# families of their own need their own entry), and how.
+BLOCK_FAMILIES: dict[str, FamilyBlocks] = {
+    FLUX: FamilyBlocks(keys_of("double_blocks", "single_blocks"), {DOUBLE: FLUX_DOUBLE, SINGLE: FLUX_SINGLE}),
+    SD3: FamilyBlocks(keys_of("joint_blocks"), {DOUBLE: SD3_JOINT}),
+    WAN: WAN_BLOCKS,
+    WAN_ANIMATE: WAN_BLOCKS,  # its face adapter adds into the full video after a block, as without the block scope
+    QWEN_IMAGE: FamilyBlocks(keys_of("transformer_blocks"), {
+        DOUBLE: BlockArgs(TEXT_BEFORE, whole=("txt", "vec", OPTIONS), rows=(FLUX_PE,))}),
+    HUNYUAN_VIDEO: FamilyBlocks(keys_of("double_blocks", "single_blocks"), {
+        DOUBLE: BlockArgs(TEXT_AFTER, whole=("txt", "vec", "modulation_dims_txt", OPTIONS), rows=HUNYUAN_ROWS,
+                          ranges=("modulation_dims_img",)),
+        SINGLE: BlockArgs(None, whole=("vec", OPTIONS), rows=HUNYUAN_ROWS, ranges=("modulation_dims",))}),
+    LTXV: FamilyBlocks(keys_of("transformer_blocks"), {DOUBLE: LTXV_BLOCK}),
+    MOCHI: FamilyBlocks(keys_of("blocks"), {DOUBLE: BlockArgs(TEXT_AFTER, whole=("txt", "vec", OPTIONS),
+                                                              rows=MOCHI_ROPE, text_crop="num_tokens")}),
+    # Lumina 2 / Z-Image: its main layers take [text (+ padding) | image (+ padding)] joined (the refiners, which
+    # see the text alone and the image alone, are not blocks of the scope).
+    LUMINA2: FamilyBlocks(keys_of("layers"), {DOUBLE: BlockArgs(None, whole=("vec", OPTIONS), rows=SEQUENCE_ROPE,
+                                                                masks=("attn_mask",))},
+                          BlockSwap(block_paths(double_block="layers"), LuminaBlock)),
+    # HiDream: double-stream blocks take the image and the text (T5, the LLM's last and the block's own layer)
+    # apart, single-stream blocks [image | text] joined (their ``txt`` is None); E1's image, in rows beside its
+    # edit image, runs whole.
+    HIDREAM: FamilyBlocks(keys_of("double_stream_blocks", "single_stream_blocks"), {
+        DOUBLE: BlockArgs(TEXT_AFTER, whole=("txt", "vec", OPTIONS), rows=SEQUENCE_ROPE, masks=("attn_mask",)),
+        SINGLE: BlockArgs(None, whole=("txt", "vec", OPTIONS), rows=SEQUENCE_ROPE, masks=("attn_mask",))},
+        BlockSwap(block_paths(double_block="double_stream_blocks", single_block="single_stream_blocks"),
+                  HiDreamBlock)),
+}

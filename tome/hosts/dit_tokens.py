@@ -1,0 +1,100 @@
+"""The token operations both DiT scopes share: ToDo's pooling of an image's tokens over the cells of its grid,
+ToMe's matching of them frame by frame, and putting a span of tokens back into its sequence.
+
+The attention scope (``comfyui_dit_attention``) applies them to the keys, values and queries of one attention
+call, the block scope (``comfyui_dit_block``) to the tokens entering a block. Image tokens are ``[B, t*h*w, ...]``,
+row-major per frame of a ``(t, h, w)`` grid. No ComfyUI import.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..downsample import MAX, NEAREST
+from ..merge import IDENTITY, MEAN
+from .comfyui import seeded_plan, warn_grid_too_small
+from .dit_settings import DiTToDo, DiTToMe
+
+
+def pool_grid(x: torch.Tensor, grid: tuple[int, int, int], factor: int, time_factor: int,
+              method: str) -> torch.Tensor:
+    """Image tokens ``x [B, t*h*w, ...]`` pooled over ``time_factor x factor x factor`` cells of ``grid (t, h, w)``.
+
+    Partial cells at the far edges are kept, pooled over the tokens they have
+    (as ``tome.downsample.downsample_tokens`` does). Returns
+    ``[B, ceil(t/tf) * ceil(h/f) * ceil(w/f), ...]``. ``nearest`` keeps the
+    first token of each cell and copies only those.
+    """
+    t, h, w = grid
+    batch, rest = x.shape[0], x.shape[2:]
+    cells = x.unflatten(1, (t, h, w))
+    if method == NEAREST:
+        return cells[:, ::time_factor, ::factor, ::factor].flatten(1, 3)
+    dims, steps = (t, h, w), (time_factor, factor, factor)
+    sizes = [math.ceil(n / step) for n, step in zip(dims, steps, strict=True)]
+    # Pad every axis up to whole cells (F.pad lists the last axis first: channels, w, h, t), then reduce each cell.
+    pad = [0, 0]
+    for n, step, size in zip(dims[::-1], steps[::-1], sizes[::-1], strict=True):
+        pad += [0, size * step - n]
+    fill = -math.inf if method == MAX else 0.0
+    blocks = F.pad(cells.reshape(batch, t, h, w, -1), pad, value=fill)
+    blocks = blocks.view(batch, sizes[0], steps[0], sizes[1], steps[1], sizes[2], steps[2], -1)
+    if method == MAX:
+        pooled = blocks.amax(dim=(2, 4, 6))
+    else:  # a partial cell is the mean of the tokens it has: counted by pooling ones padded as the tokens are,
+        # made on the device (a tensor of the counts made on the host would be a blocking copy per call)
+        ones = F.pad(x.new_ones(1, t, h, w, 1), pad, value=0.0)
+        count = ones.view(1, sizes[0], steps[0], sizes[1], steps[1], sizes[2], steps[2], 1).sum(dim=(2, 4, 6))
+        pooled = blocks.sum(dim=(2, 4, 6)) / count
+    return pooled.reshape(batch, -1, *rest)
+
+
+def pools(todo: DiTToDo, grid: tuple[int, int, int]) -> bool:
+    """Whether ``todo``'s cells fit ``grid (t, h, w)``; where they do not, the grid is left as it is, with one
+    warning per grid and factor."""
+    _, h, w = grid
+    if todo.factor > min(h, w):
+        warn_grid_too_small(w, h, todo.factor)
+        return False
+    return True
+
+
+def replace_span(x: torch.Tensor, start: int, length: int, image: torch.Tensor) -> torch.Tensor:
+    """``x [B, L, ...]`` with its ``length`` tokens from ``start`` replaced by ``image [B, L', ...]``."""
+    return torch.cat([x[:, :start], image, x[:, start + length:]], dim=1)
+
+
+class FramePlan:
+    """A ``MergePlan`` per frame of a ``(t, h, w)`` grid (frames folded into the batch): merges the image
+    tokens ``[B, t*h*w, ...]`` to ``[B, t*m, ...]`` and back."""
+
+    def __init__(self, plan, frames: int):
+        self.plan = plan
+        self.frames = frames
+
+    @property
+    def removed(self) -> int:
+        """How many image tokens ``merge`` removes, over all frames."""
+        return self.plan.removed * self.frames
+
+    def merge(self, x: torch.Tensor, mode: str = MEAN) -> torch.Tensor:
+        batch, n, rest = x.shape[0], x.shape[1], x.shape[2:]
+        merged = self.plan.merge(x.reshape(batch * self.frames, n // self.frames, -1), mode)
+        return merged.reshape(batch, -1, *rest)
+
+    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
+        batch, m, rest = x.shape[0], x.shape[1], x.shape[2:]
+        return self.plan.unmerge(x.reshape(batch * self.frames, m // self.frames, -1)).reshape(batch, -1, *rest)
+
+
+def frame_plan(tome: DiTToMe, tokens: torch.Tensor, grid: tuple[int, int, int], call_index: int, options):
+    """ToMe's plan for one call, matched on the image tokens ``tokens [B, t*h*w, ...]`` (an attention call's keys,
+    a block's input) frame by frame: a ``FramePlan``, or ``IDENTITY`` where nothing is merged. The seed mixes
+    ``call_index``, the call's place among the model call's image attention calls or blocks."""
+    t, h, w = grid
+    metric = tokens.reshape(tokens.shape[0] * t, h * w, -1)
+    plan = seeded_plan(tome, metric, w, h, int(h * w * tome.ratio), ("dit",), call_index, options)
+    return IDENTITY if plan is IDENTITY else FramePlan(plan, t)
