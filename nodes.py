@@ -78,7 +78,10 @@ def dit_scope_inputs(reduced: str, change: str) -> list[io.Input]:
                                "and the samples nearer. Flux, Flux 2, Chroma, SD3 / SD3.5, Wan 2.x (t2v, i2v, "
                                "Fun, VACE, 2.2 5B, Animate), Qwen-Image, Lumina 2 / Z-Image, HunyuanVideo (and "
                                "1.5, HunyuanImage 2.1), LTX-Video, HiDream and Mochi; other DiTs (Wan 2.2 S2V, "
-                               "HuMo, Cosmos) fall back to attention with a warning. No meaning on U-Nets."),
+                               "HuMo, Cosmos) fall back to attention with a warning. Under TeaCache and MagCache "
+                               "only block acts (their forwards leave the attention calls out of reach); under "
+                               "First Block Cache on SD3.5, HunyuanVideo and LTX-Video only attention. No meaning "
+                               "on U-Nets."),
         io.Int.Input("skip_first_blocks", default=SKIP_FIRST_BLOCKS, min=0, max=MAX_SKIP_BLOCKS, optional=True,
                      tooltip="This many of the model's first blocks " + blocks),
         io.Int.Input("skip_last_blocks", default=SKIP_LAST_BLOCKS, min=0, max=MAX_SKIP_BLOCKS, optional=True,
