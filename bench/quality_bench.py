@@ -442,7 +442,8 @@ def bench_layout(pack, layout: tm.Layout, run: Run, photographs: Photographs, ch
             got = reference
         else:
             got = outputs(setting.patch(pack, model, layout), layout, replace(run, steps=setting.steps or run.steps))
-        rows.append({"layout": layout.name, "setting": setting.name, **measures(run, got, reference, photographs)})
+        rows.append({"layout": layout.name, "setting": setting.name, "steps": run.steps,  # the base run's
+                     **measures(run, got, reference, photographs)})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
