@@ -18,6 +18,14 @@ panels:
   speed-up is ``1 / (start + (1 - start) / s)``, and it is placed on this panel only (at half the schedule it
   is its whole-schedule twin, the same point of the left panel).
 
+The unpatched model at fewer steps ("no patch, 10 steps": the quality bench's fewer-steps rows) is what every
+user can already do: a run of N steps of the base 20 is 20 / N times faster. It is drawn as a grey line on each
+run panel, on each measure: beside the samples' PSNR against the unpatched ones (identity), the img2img PSNR
+against the photograph (the truth) and the samples' patch distance to the held-out photographs over the
+unpatched samples' (realism; rows measured since issue 42 only). The rule's second half: a setting is
+recommended only where no run with fewer steps at the same or a higher speed beats it on the quality measures
+(``beaten_by``: at least as near the photograph and as real, and better on one of them).
+
 A block setting with skips is measured on the judge with its skips, but timed at real width on every block: its
 speed-up is the every-block one over the share of blocks the setting reduced on the judge (a block's share of
 the forward taken as equal): ``1 / (whole + reduced / s)``, drawn hollow. A setting that reuses a matching
@@ -117,9 +125,26 @@ def speed_rows() -> dict[str, dict[str, dict]]:
             for path in sorted((RECORDS / "speed").glob("*.json"))}
 
 
-def quality_rows() -> dict[tuple[str, str], dict]:
-    return {(row["layout"], row["setting"]): row for path in sorted((RECORDS / "quality").glob("*.json"))
-            for row in json.loads(path.read_text())}
+BASE_STEPS = 20  # the quality bench's runs; a row without its steps is of such a run
+
+
+def quality_rows(steps: int = BASE_STEPS) -> dict[tuple[str, str], dict]:
+    """Every committed quality row of runs of ``steps``, by judge and setting; a setting measured in several
+    records gets the figures of all of them (a later run adds the measures an earlier one had not)."""
+    rows: dict[tuple[str, str], dict] = {}
+    for path in sorted((RECORDS / "quality").glob("*.json")):
+        for row in json.loads(path.read_text()):
+            if row.get("steps", BASE_STEPS) == steps:
+                rows.setdefault((row["layout"], row["setting"]), {}).update(row)
+    return rows
+
+
+FEWER_STEPS = "no patch, "  # the quality bench's fewer-steps settings: "no patch, 10 steps"
+
+
+def fewer_steps_of(setting: str) -> int | None:
+    """The steps of a fewer-steps setting ("no patch, 10 steps": 10), else ``None``."""
+    return int(setting.removeprefix(FEWER_STEPS).split()[0]) if setting.startswith(FEWER_STEPS) else None
 
 
 def judge_blocks(judge: str) -> int:
@@ -160,11 +185,14 @@ class Placed:
     step_cache: bool = False  # changes no single prediction
     start: float = 0.0  # a step window's start: at half the schedule it is its whole-schedule twin
     reuse_steps: int = 1  # a matching reused over steps: at half the schedule it is its twin too
+    fewer_steps: bool = False  # the unpatched model at fewer steps: the baseline every user has
+    photo_psnr: float | None = None  # img2img PSNR against the photograph (dB)
+    realism: float | None = None  # the samples' patch distance to the photographs over the unpatched samples'
 
     @property
     def run_only(self) -> bool:
         """Placed by its run alone: the rule and the x0 panel leave it out."""
-        return self.step_cache or self.start > 0 or self.reuse_steps > 1
+        return self.step_cache or self.start > 0 or self.reuse_steps > 1 or self.fewer_steps
 
 
 def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
@@ -176,12 +204,13 @@ def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
         calls = row.get("sample block calls")
         return calls["unpatched"] / calls["ran"] if calls else 1.0
 
-    def add(setting: str, row: dict, forward: float, start: float = 0.0, **marks) -> None:
+    def add(setting: str, row: dict, forward: float, start: float = 0.0, steps_saved: float = 1.0, **marks) -> None:
         # The quality bench samples with the simple scheduler, whose steps are spaced evenly in the timesteps
         # start_percent counts in: a window from ``start`` runs that share of the steps whole.
-        run_speed = 1 / (start + (1 - start) / forward) * calls_saved(row)
+        run_speed = 1 / (start + (1 - start) / forward) * calls_saved(row) * steps_saved
         placed.append(Placed(setting, forward, run_speed, row["x0 change 0.5"]["mean"], row["sample PSNR"]["mean"],
-                             start=start, **marks))
+                             start=start, photo_psnr=mean_of(row, "img2img PSNR to photo"),
+                             realism=mean_of(row, "sample patch distance ratio to no patch"), **marks))
 
     by_setting = {point.setting: point for point in family.points}
     for point in family.points:
@@ -197,13 +226,39 @@ def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
             continue
         forward = 1.0 if under is None else forward_speed(by_setting[under], run, blocks, family.depth)
         add(setting, row, forward, estimated=False, recommended=False, step_cache=True)
+    for (judge, setting), row in sorted(costs.items()):
+        steps = fewer_steps_of(setting)
+        if judge == family.judge and steps is not None:
+            add(setting, row, 1.0, steps_saved=row.get("steps", BASE_STEPS) / steps, estimated=False,
+                recommended=False, fewer_steps=True)
     return placed
+
+
+def mean_of(row: dict, key: str) -> float | None:
+    return row[key]["mean"] if key in row else None
+
+
+def beaten_by(point: Placed, placed: list[Placed]) -> Placed | None:
+    """The fastest run with fewer steps, at least as fast as ``point``'s run, that beats it on the quality
+    measures both have: at least as near the photograph (img2img PSNR against it) and as real (patch distance
+    ratio), and better on one. Identity (PSNR against the unpatched output) counts for neither side."""
+
+    def beats(fewer: Placed) -> bool:
+        pairs = [(a, b) for a, b in ((fewer.photo_psnr, point.photo_psnr),
+                                     (None if fewer.realism is None else -fewer.realism,
+                                      None if point.realism is None else -point.realism))
+                 if a is not None and b is not None]
+        return bool(pairs) and all(a >= b for a, b in pairs) and any(a > b for a, b in pairs)
+
+    rivals = [p for p in placed if p.fewer_steps and p.run >= point.run and beats(p)]
+    return max(rivals, key=lambda p: p.run, default=None)
 
 
 def fast_choice(placed: list[Placed]) -> Placed | None:
     """The README's rule on these points: the fastest forward whose x0 change is at most ``FAST_RULE`` (step
-    caches and windows aside: at half the schedule a cache changes nothing and a window is its twin)."""
-    eligible = [p for p in placed if not p.run_only and p.x0_change <= FAST_RULE]
+    caches and windows aside: at half the schedule a cache changes nothing and a window is its twin) and that no
+    run with fewer steps beats (``beaten_by``)."""
+    eligible = [p for p in placed if not p.run_only and p.x0_change <= FAST_RULE and beaten_by(p, placed) is None]
     return max(eligible, key=lambda p: p.forward, default=None)
 
 
@@ -211,53 +266,83 @@ def table(family: Family, placed: list[Placed]) -> str:
     fast = fast_choice(placed)
     out = [f"**{family.name}** (judge `{family.judge}`; speed at real width: `bench/records/speed/{family.run}.json`)",
            "",
-           "| setting | forward speed-up | 20-step run speed-up | x0 change at 50% | sample PSNR (dB) | |",
-           "|---|---|---|---|---|---|"]
-    for p in sorted(placed, key=lambda p: p.forward):
+           "| setting | forward speed-up | 20-step run speed-up | x0 change at 50% | sample PSNR (dB) | img2img PSNR "
+           "to photo (dB) | sample patch distance / no patch | |",
+           "|---|---|---|---|---|---|---|---|"]
+    for p in sorted(placed, key=lambda p: p.run if p.fewer_steps else p.forward):
+        beaten = None if p.fewer_steps else beaten_by(p, placed)
         marks = [m for m, on in (("conservative row", p.recommended), ("fastest under the rule", p is fast),
                                  ("speed over its share of blocks", p.estimated),
                                  (f"its first {p.start:.0%} of the steps whole", p.start > 0),
-                                 ("at 50% its twin: placed by its run", p.reuse_steps > 1)) if on]
-        out.append(f"| {p.setting} | {p.forward:.2f}x | {p.run:.2f}x | {p.x0_change:.3f} | {p.sample_psnr:.1f} | "
-                   f"{', '.join(marks)} |")
+                                 ("at 50% its twin: placed by its run", p.reuse_steps > 1),
+                                 ("the step count, the baseline", p.fewer_steps),
+                                 (f"beaten by {beaten.setting.removeprefix(FEWER_STEPS)}" if beaten else "",
+                                  beaten is not None)) if on]
+        forward = "" if p.fewer_steps else f"{p.forward:.2f}x"
+        x0 = "" if p.fewer_steps else f"{p.x0_change:.3f}"
+        out.append(f"| {p.setting} | {forward} | {p.run:.2f}x | {x0} | {p.sample_psnr:.1f} | "
+                   f"{optional(p.photo_psnr, 1)} | {optional(p.realism, 2)} | {', '.join(marks)} |")
     return "\n".join(out) + "\n"
 
 
+def optional(value: float | None, digits: int) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
 def draw(family: Family, placed: list[Placed], path: Path) -> None:
+    """Four panels: a forward against the x0 change (the rule), and a 20-step run against each measure of its
+    samples and img2img outputs, the step count's line on each; points numbered, their settings listed beside."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     fast = fast_choice(placed)
-    panels = ((left, lambda p: p.x0_change, lambda p: p.forward, "x0 change at half the schedule (log)",
-               "speed-up of a forward"),
-              (right, lambda p: p.sample_psnr, lambda p: p.run, "sample PSNR against no patch (dB, 20 steps)",
-               "speed-up of a 20-step run"))
+    number = {p.setting: i + 1 for i, p in enumerate(sorted((p for p in placed if not p.fewer_steps),
+                                                             key=lambda p: p.run))}
+    panels = ((axes[0][0], lambda p: None if p.run_only else p.x0_change, lambda p: p.forward,
+               "x0 change at half the schedule (log; lower: nearer no patch)", "speed-up of a forward"),
+              (axes[0][1], lambda p: p.sample_psnr, lambda p: p.run,
+               "sample PSNR against no patch (dB, 20 steps; identity)", "speed-up of a 20-step run"),
+              (axes[1][0], lambda p: p.photo_psnr, lambda p: p.run,
+               "img2img PSNR against the photograph (dB; the truth)", "speed-up of a 20-step run"),
+              (axes[1][1], lambda p: p.realism, lambda p: p.run,
+               "sample patch distance to the photographs / no patch's (realism)", "speed-up of a 20-step run"))
     for axis, x_of, y_of, x_label, y_label in panels:
+        steps = sorted((p for p in placed if p.fewer_steps and x_of(p) is not None), key=lambda p: p.run)
+        if steps:
+            axis.plot([x_of(p) for p in steps], [y_of(p) for p in steps], color="grey", marker="s", markersize=4,
+                      linewidth=1, zorder=2, label="no patch, fewer steps")
+            for p in steps:
+                axis.annotate(p.setting.removeprefix(FEWER_STEPS), (x_of(p), y_of(p)), fontsize=7, color="grey",
+                              xytext=(4, -9), textcoords="offset points")
         for p in placed:
-            if axis is left and p.run_only:
-                continue  # at half the schedule a cache changes nothing and a window is its twin: the run places them
-            colour = "tab:red" if p.step_cache else (
-                "tab:blue" if " block" in p.setting else "tab:green")
+            if p.fewer_steps or x_of(p) is None:
+                continue
+            colour = "tab:red" if p.step_cache else ("tab:blue" if " block" in p.setting else "tab:green")
             marker, size = ("*", 140) if p.recommended else ("D", 60) if p is fast else ("o", 40)
             axis.scatter(x_of(p), y_of(p), s=size, marker=marker, facecolors="none" if p.estimated else colour,
                          edgecolors=colour, zorder=3)
-            axis.annotate(p.setting, (x_of(p), y_of(p)), fontsize=7, xytext=(4, 3), textcoords="offset points")
-        axis.set_xlabel(x_label)
-        axis.set_ylabel(y_label)
+            axis.annotate(str(number[p.setting]), (x_of(p), y_of(p)), fontsize=7, xytext=(3, 3),
+                          textcoords="offset points")
+        axis.set_xlabel(x_label, fontsize=8)
+        axis.set_ylabel(y_label, fontsize=8)
         axis.grid(alpha=0.3)
+    left = axes[0][0]
     left.set_xscale("log")
     left.axvline(FAST_RULE, color="grey", linestyle="--", linewidth=1)
     left.annotate("the fast rule's limit", (FAST_RULE, left.get_ylim()[1]), fontsize=7, ha="right", va="top",
                   rotation=90)
-    right.invert_xaxis()  # costlier to the right in both panels
+    for axis in (axes[0][1], axes[1][0]):
+        axis.invert_xaxis()  # costlier to the right in every panel
+    legend = "\n".join(f"{n}  {setting}" for setting, n in sorted(number.items(), key=lambda item: item[1]))
+    fig.text(0.995, 0.5, legend, fontsize=7, va="center", ha="right", family="monospace")
     fig.suptitle(f"{family.name}: speed at real width (run {family.run}: a 2-core CPU, random weights) against the "
                  f"cost on the trained judge {family.judge}\ngreen: attention scope; blue: block scope (hollow: timed "
-                 f"over its share of blocks); red: core EasyCache\nstar: the README's conservative row; diamond: the "
-                 f"fastest under the rule (the fast row)", fontsize=9)
-    fig.tight_layout()
+                 f"over its share of blocks); red: a step cache; grey: no patch at fewer steps (20 / N times "
+                 f"faster)\nstar: the README's conservative row; diamond: the fastest under the rule", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 0.80, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -293,3 +293,32 @@ def test_a_reused_matching_is_timed_as_its_twin_less_the_matchings_it_leaves_out
     twin = frontier.forward_speed(frontier.Point("ToMe 0.5 block", "v", (2, 2)), run, 8, 24)
     reused = placed["ToMe 0.5 block, reuse 2 steps"].forward
     assert reused == pytest.approx(1 / (0.5 + 0.5 / (2.0 / (1 - 0.06 / 2)))) and reused > twin
+
+
+def test_fewer_steps_are_placed_at_the_step_ratio_and_a_setting_they_beat_is_not_the_fast_row():
+    """"no patch, 10 steps" of a 20-step run is 2x; a setting no faster that lies farther from the photograph and
+    is less real is beaten by it, and the rule passes it over; identity (PSNR against no patch) counts for
+    neither side, and a setting the fewer steps do not beat on every measure stays."""
+    frontier = load_bench("frontier")
+    speeds = {"m": {"slow": {"speed-up": 1.5, "matching share": 0.0}, "fast": {"speed-up": 1.9,
+                                                                               "matching share": 0.0}}}
+    worse, better = frontier.Point("ToMe 0.5", "fast"), frontier.Point("ToDo 2", "slow")
+
+    def row(change, sample_psnr, photo_psnr, realism, steps=None):
+        out = {"x0 change 0.5": {"mean": change}, "sample PSNR": {"mean": sample_psnr},
+               "img2img PSNR to photo": {"mean": photo_psnr},
+               "sample patch distance ratio to no patch": {"mean": realism}}
+        return out if steps is None else dict(out, steps=steps)
+
+    costs = {("flux-512", "ToMe 0.5"): row(0.1, 40.0, 18.0, 1.3),  # nearer no patch, but worse on both measures
+             ("flux-512", "ToDo 2"): row(0.2, 20.0, 19.5, 1.0),  # nearer the photograph than 10 steps
+             ("flux-512", "no patch, 10 steps"): row(0.0, 25.0, 19.0, 1.1, steps=20)}
+    family = frontier.Family("F", "flux-512", "ToDo 2", "m", 57, (worse, better))
+    placed = {p.setting: p for p in frontier.place(family, speeds, costs)}
+    steps = placed["no patch, 10 steps"]
+    assert steps.fewer_steps and steps.run_only and steps.run == pytest.approx(2.0)
+    assert frontier.beaten_by(placed["ToMe 0.5"], list(placed.values())) is steps
+    assert frontier.beaten_by(placed["ToDo 2"], list(placed.values())) is None
+    assert frontier.fast_choice(list(placed.values())).setting == "ToDo 2"
+    assert frontier.fewer_steps_of("no patch, 10 steps") == 10 and frontier.fewer_steps_of("ToDo 2") is None
+    assert "beaten by 10 steps" in frontier.table(family, list(placed.values()))
