@@ -133,9 +133,8 @@ IDENTITY = IdentityPlan()
 
 # Only each source's best score is kept from the (N - N_dst) x N_dst similarity matrix (400 MB for a batch of 2
 # at 1024 px, SD1.5). On CPU it is made in blocks of source rows of about this many bytes, so each block is
-# still in cache when its maximum is taken. On the 2-core reference machine the product and its maxima got 1.3x
-# to 1.8x faster at 768 and 1024 px token counts (bench/merge_bench.py --pieces), with far less memory. Other
-# devices take the whole product at once.
+# still in cache when its maximum is taken: faster on CPUs, with far less memory (measured: bench/merge_bench.py
+# --pieces, docs/BENCHMARKS.md). Other devices take the whole product at once.
 SCORE_BLOCK_BYTES = 8 * 2**20
 # The scores must be tomesd's bit for bit, and MKL computes a product of very few rows (a 1-row block, a short
 # last block) with another kernel that rounds differently. Blocks are never shorter than this, the remainder
