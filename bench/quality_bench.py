@@ -126,19 +126,21 @@ def easycache(then: Callable | None = None) -> Callable:
     return patch
 
 
+FBCACHE_SKIPPING = 0.3  # a First Block Cache threshold at which it skips steps on the SD3.5 judge
 CACHE_MIN_STEPS = 4  # a third-party step cache's rows need a run this long (the smoke run's 2 steps leave them out)
 # The families of the pinned third-party step caches (``tome_harness.step_caches``) by the judges' config class.
 CACHE_FAMILY = {"Flux": "flux", "WAN21_T2V": "wan21", "SD3": "sd3"}
 
 
-def step_cache(name: str, then: Callable | None = None) -> Callable:
-    """A pinned third-party step cache (TeaCache, MagCache, First Block Cache: its node at the pack's defaults,
-    with the family's ``model_type``) on top of ``then`` (a pack setting) where given: it skips whole model calls
-    (First Block Cache: all but the first block), which the block calls of the runs from noise count."""
+def step_cache(name: str, then: Callable | None = None, threshold: float | None = None) -> Callable:
+    """A pinned third-party step cache (TeaCache, MagCache, First Block Cache: its node at ``threshold``, else the
+    pack's default, with the family's ``model_type``) on top of ``then`` (a pack setting) where given: it skips
+    whole model calls (First Block Cache: all but the first block), which the block calls of the runs from noise
+    count."""
     def patch(pack, model, layout):
         patched = then(pack, model, layout) if then else model
         return step_caches.cached(step_caches.load(pack.nodes_module), name, patched,
-                                  CACHE_FAMILY[layout.config_class])
+                                  CACHE_FAMILY[layout.config_class], threshold)
     return patch
 
 
@@ -159,8 +161,16 @@ def step_cache_settings(scope_block: str) -> list[Setting]:
         out += [Setting(cache, step_cache(cache), dit_only=True, families=covered, min_steps=least),
                 Setting(f"{cache} + ToMe 0.5 block", step_cache(cache, block), dit_only=True, families=stacked,
                         min_steps=least)]
-    return out + [Setting(f"{FIRST_BLOCK_CACHE} + ToDo 2 auto", step_cache(FIRST_BLOCK_CACHE, todo(2, method=AUTO)),
-                          dit_only=True, families=("SD3",), min_steps=CACHE_MIN_STEPS)]
+    # First Block Cache decides from the first block's residual, which the attention scope changes: at its default
+    # it skips nothing on the SD3.5 judge, so also at a threshold where it skips.
+    todo_auto = todo(2, method=AUTO)
+    out.append(Setting(f"{FIRST_BLOCK_CACHE} + ToDo 2 auto", step_cache(FIRST_BLOCK_CACHE, todo_auto),
+                       dit_only=True, families=("SD3",), min_steps=CACHE_MIN_STEPS))
+    for then, suffix in ((None, ""), (todo_auto, " + ToDo 2 auto")):
+        out.append(Setting(f"{FIRST_BLOCK_CACHE} {FBCACHE_SKIPPING}{suffix}",
+                           step_cache(FIRST_BLOCK_CACHE, then, FBCACHE_SKIPPING), dit_only=True, families=("SD3",),
+                           min_steps=CACHE_MIN_STEPS))
+    return out
 
 
 def unpatched(pack, model, layout):
