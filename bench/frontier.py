@@ -204,10 +204,11 @@ def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
         calls = row.get("sample block calls")
         return calls["unpatched"] / calls["ran"] if calls else 1.0
 
-    def add(setting: str, row: dict, forward: float, start: float = 0.0, steps_saved: float = 1.0, **marks) -> None:
+    def add(setting: str, row: dict, forward: float, start: float = 0.0, **marks) -> None:
         # The quality bench samples with the simple scheduler, whose steps are spaced evenly in the timesteps
-        # start_percent counts in: a window from ``start`` runs that share of the steps whole.
-        run_speed = 1 / (start + (1 - start) / forward) * calls_saved(row) * steps_saved
+        # start_percent counts in: a window from ``start`` runs that share of the steps whole. A run of fewer
+        # steps makes fewer block calls: its speed-up is what they leave out.
+        run_speed = 1 / (start + (1 - start) / forward) * calls_saved(row)
         placed.append(Placed(setting, forward, run_speed, row["x0 change 0.5"]["mean"], row["sample PSNR"]["mean"],
                              start=start, photo_psnr=mean_of(row, "img2img PSNR to photo"),
                              realism=mean_of(row, "sample patch distance ratio to no patch"), **marks))
@@ -227,10 +228,8 @@ def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
         forward = 1.0 if under is None else forward_speed(by_setting[under], run, blocks, family.depth)
         add(setting, row, forward, estimated=False, recommended=False, step_cache=True)
     for (judge, setting), row in sorted(costs.items()):
-        steps = fewer_steps_of(setting)
-        if judge == family.judge and steps is not None:
-            add(setting, row, 1.0, steps_saved=row.get("steps", BASE_STEPS) / steps, estimated=False,
-                recommended=False, fewer_steps=True)
+        if judge == family.judge and fewer_steps_of(setting) is not None:
+            add(setting, row, 1.0, estimated=False, recommended=False, fewer_steps=True)
     return placed
 
 
