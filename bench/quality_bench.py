@@ -462,17 +462,27 @@ def known_orders(layout: tm.Layout, run: Run, photographs: Photographs) -> dict[
     """What the measures must show on a judge, over its samples from noise (the run's steps and seeds): their
     patches nearer the held-out photographs' than its untrained twin's samples are, and less detail in a blur of
     them (``DETAIL_SIGMA``); the blur's patch distance beside theirs and the floor's (a blur can bring samples
-    nearer, where they hold more fine detail than the photographs)."""
-    trained = from_noise(tm.trained(layout), layout, run)
+    nearer, where they hold more fine detail than the photographs); and the img2img output (denoise ``DENOISE``,
+    the run's first noise seed) against the photograph, as it is and blurred: a measure of the truth that a blur
+    does not worsen cannot tell smoothing from quality."""
+    model = tm.trained(layout)
+    trained = from_noise(model, layout, run)
     untrained = from_noise(tm.untrained(layout), layout, run)
     blurred = qm.gaussian_blur(trained, qm.DETAIL_SIGMA)
+    img2img = to_pixels(model, sample(model, layout, run.photos, run.noise_seeds[0], run.steps, DENOISE), layout)
+    img2img_blurred = qm.gaussian_blur(img2img, qm.DETAIL_SIGMA)
 
     def distance(samples):
         return statistics.fmean(qm.patch_distance(one, photographs.seen) for one in samples.split(1))
 
+    def to_photo(measure, outs):
+        return statistics.fmean(measure(out, photo) for out, photo in zip(outs, photographs.pixels, strict=True))
+
     return {"floor": statistics.fmean(photographs.floor), "trained": distance(trained),
             "untrained": distance(untrained), "blurred": distance(blurred), "photo detail": qm.detail(photographs.seen),
-            "trained detail": qm.detail(trained), "blurred detail": qm.detail(blurred)}
+            "trained detail": qm.detail(trained), "blurred detail": qm.detail(blurred),
+            "img2img PSNR to photo": to_photo(qm.psnr, img2img), "blurred PSNR": to_photo(qm.psnr, img2img_blurred),
+            "img2img SSIM to photo": to_photo(qm.ssim, img2img), "blurred SSIM": to_photo(qm.ssim, img2img_blurred)}
 
 
 # Why a setting costs what it costs.
@@ -872,11 +882,13 @@ def main(argv=None) -> int:
 
     if args.known_orders:
         print("| model | steps | patch distance: floor | samples | untrained twin's | samples blurred | detail: "
-              "photographs | samples | samples blurred |\n|---|---|---|---|---|---|---|---|---|")
+              "photographs | samples | samples blurred | img2img PSNR to photo | blurred | img2img SSIM to photo | "
+              "blurred |\n" + "|---" * 13 + "|")
         for layout in layouts:
             found = known_orders(layout, *run_on(layout))
             print(f"| {layout.name} | {steps} | " + " | ".join(f"{found[key]:.4f}" for key in (
-                "floor", "trained", "untrained", "blurred", "photo detail", "trained detail", "blurred detail")) + " |")
+                "floor", "trained", "untrained", "blurred", "photo detail", "trained detail", "blurred detail",
+                "img2img PSNR to photo", "blurred PSNR", "img2img SSIM to photo", "blurred SSIM")) + " |")
         return 0
     rows = []
     for layout in layouts:
