@@ -3,6 +3,7 @@ setting costs on the family's trained judge, one picture per family.
 
     .venv/bin/python bench/frontier.py                       # every family: its table, and docs/frontier-*.png
     .venv/bin/python bench/frontier.py --family Flux --no-pictures
+    .venv/bin/python bench/frontier.py --steps 8 --no-pictures  # the runs of 8 steps (the few-step models' count)
 
 Nothing is measured here: the speed-ups are the committed rows of ``bench/dit_bench.py`` (``bench/records/speed``:
 random weights of the real widths, a 2-core CPU, PyTorch SDPA; each family's from one run on one machine), the
@@ -261,12 +262,13 @@ def fast_choice(placed: list[Placed]) -> Placed | None:
     return max(eligible, key=lambda p: p.forward, default=None)
 
 
-def table(family: Family, placed: list[Placed]) -> str:
+def table(family: Family, placed: list[Placed], steps: int = BASE_STEPS) -> str:
     fast = fast_choice(placed)
-    out = [f"**{family.name}** (judge `{family.judge}`; speed at real width: `bench/records/speed/{family.run}.json`)",
+    out = [f"**{family.name}** (judge `{family.judge}`, runs of {steps} steps; speed at real width: "
+           f"`bench/records/speed/{family.run}.json`)",
            "",
-           "| setting | forward speed-up | 20-step run speed-up | x0 change at 50% | sample PSNR (dB) | img2img PSNR "
-           "to photo (dB) | sample patch distance / no patch | |",
+           f"| setting | forward speed-up | {steps}-step run speed-up | x0 change at 50% | sample PSNR (dB) | "
+           "img2img PSNR to photo (dB) | sample patch distance / no patch | |",
            "|---|---|---|---|---|---|---|---|"]
     for p in sorted(placed, key=lambda p: p.run if p.fewer_steps else p.forward):
         beaten = None if p.fewer_steps else beaten_by(p, placed)
@@ -350,12 +352,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", action="append", choices=[f.name for f in FAMILIES])
     parser.add_argument("--no-pictures", action="store_true", help="the tables alone")
+    parser.add_argument("--steps", type=int, default=BASE_STEPS,
+                        help="the quality bench's runs of this many steps (the pictures: 20 alone)")
     args = parser.parse_args(argv)
-    speeds, costs = speed_rows(), quality_rows()
+    speeds, costs = speed_rows(), quality_rows(args.steps)
     for family in (f for f in FAMILIES if args.family is None or f.name in args.family):
         placed = place(family, speeds, costs)
-        print(table(family, placed))
-        if not args.no_pictures:
+        print(table(family, placed, args.steps))
+        if not args.no_pictures and args.steps == BASE_STEPS:
             draw(family, placed, family.picture)
     return 0
 
