@@ -4,6 +4,7 @@ setting costs on the family's trained judge, one picture per family.
     .venv/bin/python bench/frontier.py                       # every family: its table, and docs/frontier-*.png
     .venv/bin/python bench/frontier.py --family Flux --no-pictures
     .venv/bin/python bench/frontier.py --steps 8 --no-pictures  # the runs of 8 steps (the few-step models' count)
+    .venv/bin/python bench/frontier.py --step-count --steps 8  # the settings against the step count, with verdicts
 
 Nothing is measured here: the speed-ups are the committed rows of ``bench/dit_bench.py`` (``bench/records/speed``:
 random weights of the real widths, a 2-core CPU, PyTorch SDPA; each family's from one run on one machine), the
@@ -286,6 +287,35 @@ def table(family: Family, placed: list[Placed], steps: int = BASE_STEPS) -> str:
     return "\n".join(out) + "\n"
 
 
+def step_count_table(family: Family, placed: list[Placed], costs: dict, steps: int = BASE_STEPS) -> str:
+    """The judge's settings measured against the step count (the rows with the measures of quality), by their
+    run's speed-up, each with its verdict: beaten by a run of fewer steps, or not."""
+    rows = {setting: row for (judge, setting), row in costs.items()
+            if judge == family.judge and "sample patch distance ratio to no patch" in row}
+    out = [f"**{family.judge}, {steps} steps**", "",
+           "| setting | run speed-up | sample PSNR vs no patch (dB) | img2img PSNR to photo (dB) | img2img SSIM to "
+           "photo | samples' patch distance / no patch's | samples' detail / no patch's | against the step count |",
+           "|---|---|---|---|---|---|---|---|"]
+
+    def cells(row):
+        return (f"{cell_of(row, 'img2img PSNR to photo', 2)} | {row['img2img SSIM to photo']['mean']:.3f} | "
+                f"{cell_of(row, 'sample patch distance ratio to no patch', 2)} | "
+                f"{row['sample detail ratio to no patch']['mean']:.2f}")
+
+    if "none" in rows:
+        out.append(f"| none | 1.00x | | {cells(rows['none'])} | |")
+    for p in sorted((p for p in placed if p.setting in rows and p.setting != "none"), key=lambda p: p.run):
+        beaten = None if p.fewer_steps else beaten_by(p, placed)
+        verdict = "the baseline" if p.fewer_steps else (
+            f"beaten by {beaten.setting.removeprefix(FEWER_STEPS)}" if beaten else "not beaten")
+        out.append(f"| {p.setting} | {p.run:.2f}x | {p.sample_psnr:.1f} | {cells(rows[p.setting])} | {verdict} |")
+    return "\n".join(out) + "\n"
+
+
+def cell_of(row: dict, key: str, digits: int) -> str:
+    return f"{row[key]['mean']:.{digits}f} ± {row[key]['std']:.{digits}f}"
+
+
 def optional(value: float | None, digits: int) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
@@ -352,12 +382,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", action="append", choices=[f.name for f in FAMILIES])
     parser.add_argument("--no-pictures", action="store_true", help="the tables alone")
+    parser.add_argument("--step-count", action="store_true",
+                        help="instead: each judge's settings measured against the step count, with the verdicts")
     parser.add_argument("--steps", type=int, default=BASE_STEPS,
                         help="the quality bench's runs of this many steps (the pictures: 20 alone)")
     args = parser.parse_args(argv)
     speeds, costs = speed_rows(), quality_rows(args.steps)
     for family in (f for f in FAMILIES if args.family is None or f.name in args.family):
         placed = place(family, speeds, costs)
+        if args.step_count:
+            print(step_count_table(family, placed, costs, args.steps))
+            continue
         print(table(family, placed, args.steps))
         if not args.no_pictures and args.steps == BASE_STEPS:
             draw(family, placed, family.picture)
