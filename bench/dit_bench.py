@@ -755,12 +755,16 @@ def main() -> None:
     dit = comfyui_host.pack_module("tome.hosts.comfyui_dit")
     rows = [row for index, case in enumerate(cases_of(args))
             for row in run_case(dit, case, args, device, first=index == 0)]
-    args.out.mkdir(parents=True, exist_ok=True)
     scopes = "" if args.scope == [SCOPE_ATTENTION] else "_" + "_".join(args.scope)
-    stem = f"dit_{'_'.join(args.model)}{scopes}_{args.dtype}_{'sdpa' if args.sdpa else 'default'}"
-    (args.out / f"{stem}.json").write_text(json.dumps({"machine": machine.describe(), "rows": rows}, indent=2))
-    table = markdown(rows)
-    (args.out / f"{stem}.md").write_text(table + "\n")
+    write_rows(args.out, f"dit_{'_'.join(args.model)}{scopes}_{args.dtype}_{'sdpa' if args.sdpa else 'default'}",
+               rows, markdown(rows))
+
+
+def write_rows(out: Path, stem: str, rows: list[dict], table: str) -> None:
+    """A run's rows as JSON (with the machine they ran on) and its Markdown table, in ``out``; the table printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps({"machine": machine.describe(), "rows": rows}, indent=2))
+    (out / f"{stem}.md").write_text(table + "\n")
     print(table)
 
 

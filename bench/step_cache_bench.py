@@ -33,10 +33,20 @@ import time
 from pathlib import Path
 
 import torch
-from dit_bench import DTYPES, blocks_swapped, build, cases_of, make_inputs, skip_pair, synchronize, video_size
+from dit_bench import (
+    DTYPES,
+    blocks_swapped,
+    build,
+    cases_of,
+    make_inputs,
+    skip_pair,
+    synchronize,
+    video_size,
+    write_rows,
+)
 
 from tome_harness import comfyui as comfyui_host
-from tome_harness import machine, step_caches
+from tome_harness import step_caches
 from tome_harness.comfyui import ROOT
 
 # The test family whose model_type each of dit_bench's models takes in a cache's node.
@@ -211,12 +221,7 @@ def main(argv=None) -> None:
     nodes = comfyui_host.pack_module("nodes")
     rows = [row for case in cases_of(args) if case.model_class in FAMILY_OF_CLASS
             for row in run_case(classes, nodes, case, args, device)]
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"step_caches_{'_'.join(args.model)}_{args.dtype}"
-    (args.out / f"{stem}.json").write_text(json.dumps({"machine": machine.describe(), "rows": rows}, indent=2))
-    table = markdown(rows)
-    (args.out / f"{stem}.md").write_text(table + "\n")
-    print(table)
+    write_rows(args.out, f"step_caches_{'_'.join(args.model)}_{args.dtype}", rows, markdown(rows))
 
 
 if __name__ == "__main__":
