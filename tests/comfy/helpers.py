@@ -258,9 +258,11 @@ def load_bench(name: str):
 
 
 def check_block_scope_reached_without_a_warning(pack, models, caplog):
-    """Apply ToDo at the block scope on each of ``models`` keeps the block scope and says nothing of a fallback."""
+    """Apply ToDo at the block scope on each of ``models`` keeps the block scope and says nothing of a fallback (no
+    skips: the test models have too few blocks for the default's to leave one)."""
     with caplog.at_level(logging.WARNING):
         for model in models:
-            patched = pack.dit.apply_todo_dit(model, downsample_factor=2, dit_scope="block")
+            patched = pack.dit.apply_todo_dit(model, downsample_factor=2, dit_scope="block", skip_first_blocks=0,
+                                              skip_last_blocks=0)
             assert patched.model_options["transformer_options"]["optimized_attention_override"].todo.scope == "block"
     assert "does not reach" not in caplog.text
