@@ -20,9 +20,9 @@ memory at every call, which dynamo cannot trace (a graph break per attention cal
     .venv/bin/python bench/compile_bench.py --model sd35m --blocks 4 --attention sdpa
     .venv/bin/python bench/compile_bench.py --model sd35m --blocks 4 --attention sdpa --block-scope
 
-``--block-scope`` (sd35m): also ToMe and ToDo at ``dit_scope`` ``block`` on every block. The block scope's
-replacement runs outside the compiled graph as the override does, so the blocks it reduces run uncompiled: its
-rows say what that costs against the compiled model.
+``--block-scope`` (sd35m): also ToMe and ToDo at ``dit_scope`` ``block`` on every block, and ToMe with the
+first and the last block left whole. Only the block scope's decision runs outside the compiled graph; the blocks
+it reduces and those it leaves whole are compiled: its rows say what is kept of compile's gain.
 """
 
 from __future__ import annotations
@@ -81,6 +81,9 @@ def dit_case(args, device):
         every_block = dict(dit_scope=dit.SCOPE_BLOCK, skip_first_blocks=0, skip_last_blocks=0)
         variants[f"tome-{args.ratio}-block"] = dit.apply_tome_dit(model, ratio=args.ratio, **every_block)
         variants[f"todo-{args.todo}-block"] = dit.apply_todo_dit(model, downsample_factor=args.todo, **every_block)
+        # The first and the last block whole: what compile gains on the blocks the scope leaves alone.
+        variants[f"tome-{args.ratio}-block-skip-1:1"] = dit.apply_tome_dit(
+            model, ratio=args.ratio, dit_scope=dit.SCOPE_BLOCK, skip_first_blocks=1, skip_last_blocks=1)
     return variants, lambda m: dit_bench.forward(m, inputs, device)
 
 
@@ -154,7 +157,8 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=0.5, help="Apply ToMe's ratio")
     parser.add_argument("--todo", type=int, default=2, help="Apply ToDo's downsample_factor")
     parser.add_argument("--block-scope", action="store_true",
-                        help="sd35m: also ToMe and ToDo at dit_scope block, every block reduced")
+                        help="sd35m: also ToMe and ToDo at dit_scope block, every block reduced, and ToMe "
+                             "with skips 1:1")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend")
     parser.add_argument("--attention", choices=ATTENTION_CHOICES, help="ComfyUI's attention (default: the device's)")
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")

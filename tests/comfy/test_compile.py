@@ -18,6 +18,7 @@ its own.
 
 import pytest
 import torch
+from helpers import dit_sample as family_sample
 from helpers import sample
 
 from tome_harness import dit_models, newest_host
@@ -223,3 +224,38 @@ def test_two_patched_clones_compiled_apart_and_sampled_in_turn_each_get_their_ow
     for _ in range(2):
         for each, reference in zip(compiled, references, strict=True):
             assert_same_image(dit_sample(comfy_nodes, each, family), reference)
+
+
+# The block scope under compile: only its decision runs outside the graph, so every block (reduced or left whole)
+# runs its layers inside compiled graphs as the unpatched model's do.
+
+def counting_backend(counts: dict):
+    """A dynamo backend running each graph as traced and adding, at every run, its linear layers to
+    ``counts["linear"]``: the linear layers a sampling run ran inside compiled graphs."""
+    def backend(graph, inputs):
+        linears = sum(node.op == "call_function" and "linear" in str(node.target) for node in graph.graph.nodes)
+
+        def run(*args):
+            counts["linear"] += linears
+            return graph.forward(*args)
+        return run
+    return backend
+
+
+def linears_in_graphs(comfy_nodes, model, family) -> int:
+    torch._dynamo.reset()
+    counts = {"linear": 0}
+    family_sample(comfy_nodes, newest_host.compile_like_newest(model, counting_backend(counts)), family)
+    torch._dynamo.reset()
+    return counts["linear"]
+
+
+@pytest.mark.parametrize("family", ["flux", "wan21", "lumina2"])
+@pytest.mark.parametrize("skips", [(0, 0), (1, 0)], ids=["every block", "the first block whole"])
+def test_every_block_runs_inside_the_compiled_graph_at_the_block_scope(pack, comfy_nodes, family, skips):
+    model = dit_models.build_dit_model(family)
+    reduced = pack.dit.apply_tome_dit(model, ratio=0.5, dit_scope="block", skip_first_blocks=skips[0],
+                                      skip_last_blocks=skips[1])
+    unpatched = linears_in_graphs(comfy_nodes, model, family)
+    assert unpatched > 0
+    assert linears_in_graphs(comfy_nodes, reduced, family) == unpatched

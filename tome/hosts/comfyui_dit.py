@@ -282,7 +282,7 @@ def with_reduction(model, family: str, reduction: DiTReduction):
     options[OVERRIDE_KEY] = reduction
     blocks = block_scope(reduction.todo, reduction.tome, block_keys(patched, family), family)
     if blocks is not None:
-        swap_family_blocks(patched, family)
+        swap_family_blocks(patched, blocks)
     attention = any(s is not None and s.scope == SCOPE_ATTENTION for s in (reduction.todo, reduction.tome))
     patched.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY,
                                  LayoutWrapper(dit_spec(patched, family), blocks, attention))

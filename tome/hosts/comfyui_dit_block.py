@@ -58,12 +58,15 @@ reused or not.
 
 Which blocks: the first ``skip_first`` and the last ``skip_last`` blocks of the
 model, in the order they run (double blocks, then single ones), stay whole;
-which steps: the node's sampling window. A replacement goes on every block of
-the model (those outside the chosen ones pass straight through): a compiled
-model reads whether a key is in ``patches_replace`` without a guard on newer
-ComfyUI, so every clone with the block scope shows a compiled model the same
-keys. Replacements run outside compiled graphs (``eager``): on a compiled
-model each block the scope reaches runs uncompiled.
+which steps: the node's sampling window. Replacements go on the chosen blocks
+only; the others run as the model runs them.
+
+Under ``torch.compile`` only the decision runs outside the compiled graph
+(``BlockReduction.decide``, ``eager``): it reads the call's options (whose
+guards the newest host drops) and matches ToMe's plan. The block, the
+gathering of its arguments and the spreading of its change are traced, with
+shapes the decision fixes; the blocks left whole are traced as without the
+pack.
 
 No ComfyUI import; patch objects hold only frozen settings.
 """
@@ -209,6 +212,12 @@ class Reduction:
         for stage in reversed(self.stages):
             x = stage.expand(x)
         return x
+
+    def prepare(self) -> None:
+        """Make the index maps ``expand`` needs now (outside a compiled graph), not on first use inside it."""
+        for stage in self.stages:
+            if isinstance(stage, Merging):
+                stage.plan.prepare()
 
 
 def gathered_rows(table: torch.Tensor, rows: TokenRows, start: int, n: int, batch: int,
@@ -370,10 +379,16 @@ class BlockScope:
         Cache swaps the block lists for one cached block that runs them all)."""
         return BLOCK_FAMILIES[self.family].keys(net) == self.keys
 
+    @property
+    def chosen(self) -> tuple[BlockKey, ...]:
+        """The blocks some setting reduces (in some steps), in the order they run."""
+        chosen = frozenset().union(*(s.blocks for s in (self.todo, self.tome) if s is not None))
+        return tuple(key for key in self.keys if key in chosen)
+
     def install(self, options: dict) -> None:
-        """Put a ``BlockReduction`` on each block of this model call (``options``, the call's own copy), around
-        whatever replacement was there (it runs on the reduced tokens)."""
-        replace_blocks(options, self.family, self.keys, lambda key, inner: BlockReduction(self, key, inner))
+        """Put a ``BlockReduction`` on each chosen block of this model call (``options``, the call's own copy),
+        around whatever replacement was there (it runs on the reduced tokens); the others get nothing."""
+        replace_blocks(options, self.family, self.chosen, lambda key, inner: BlockReduction(self, key, inner))
 
     def reduction(self, image: torch.Tensor, layout: ImageLayout, key,
                   options) -> tuple[Reduction, torch.Tensor] | None:
@@ -417,12 +432,61 @@ class BlockScope:
 
 
 @dataclass(frozen=True)
+class ReducedCall:
+    """One block call on reduced image tokens, as the eager decision (``BlockReduction.decide``) hands it to the
+    part a compiled model traces: how the tokens were reduced (``reduction``) and the reduced ones (``reduced``,
+    the base of the block's change), where the image lies in ``img`` (``at``, ``n`` tokens), and what moving the
+    block's other arguments takes (``form``, ``layout``, ``start``, ``offset``, ``length``: ``following``'s). While
+    the block runs, the call's ``options`` hold the reduced tokens' layout; ``restore`` puts ``layout`` back."""
+
+    reduction: Reduction
+    reduced: torch.Tensor
+    at: int
+    n: int
+    form: BlockArgs
+    layout: ImageLayout
+    start: int
+    offset: int
+    length: int
+    options: dict
+
+    def block_args(self, args: dict) -> dict:
+        """The block's arguments for the reduced tokens: ``img`` with its image replaced by them, every table,
+        token range and per-frame modulation following them."""
+        m = self.reduced.shape[1]
+        return dict(args, img=replace_span(args[IMG], self.at, self.n, self.reduced),
+                    **following(self.form, args, self.reduction, self.start, self.offset, self.length, self.layout,
+                                m))
+
+    def spread(self, image: torch.Tensor, out: dict) -> dict:
+        """The block's output ``out`` for every token of the full ``image``: each token its own input plus the
+        change its reduced token went through."""
+        m = self.reduced.shape[1]
+        out_img = out["img"]
+        image_out = image + self.reduction.expand(out_img[:, self.at:self.at + m] - self.reduced)
+        if image_out.dtype == torch.float16:  # as the blocks keep their half-precision output finite
+            image_out = torch.nan_to_num(image_out, nan=0.0, posinf=65504, neginf=-65504)
+        return dict(out, img=replace_span(out_img, self.at, m, image_out))
+
+    @eager
+    def restore(self) -> None:
+        """The call's layout back, the block done. (No ``finally``: a block that raises ends its model call, whose
+        options are its own copy.)"""
+        self.options[LAYOUT_KEY] = self.layout
+
+
+@dataclass(frozen=True)
 class BlockReduction:
     """The ``dit`` block replacement of block ``key`` (``("double_block", i)`` or ``("single_block", i)``):
     runs the block on the reduced image tokens, or whole where the scope does not reach it or the call's
     arguments do not allow it (``refused``, ``placed``). Made for one model call (``BlockScope.install``).
     ``inner``: the replacement another node put on that block, called in the block's place, on the reduced
-    tokens."""
+    tokens.
+
+    Under ``torch.compile`` only ``decide`` runs outside the graph (``eager``): whether and how this call is
+    reduced is read from the call's options, whose guards the newest host drops, and the ToMe plan is matched
+    there. The block itself, the gathering of its arguments and the spreading of its change are traced: every
+    shape they see is fixed by the decision, which dynamo guards on."""
 
     scope: BlockScope
     key: BlockKey
@@ -431,55 +495,53 @@ class BlockReduction:
     def run(self, args: dict, extra: dict) -> dict:
         return self.inner(args, extra) if self.inner is not None else extra["original_block"](args)
 
-    @eager  # outside compiled graphs: which blocks and steps, and the plan, are decided at every call
     def __call__(self, args: dict, extra: dict) -> dict:
+        call = self.decide(args, extra)
+        if call is None:
+            return self.run(args, extra)
+        out = self.run(call.block_args(args), extra)
+        call.restore()
+        return call.spread(args[IMG][:, call.at:call.at + call.n], out)
+
+    @eager  # outside compiled graphs: which blocks and steps, and the plan, are decided at every call
+    def decide(self, args: dict, extra: dict) -> ReducedCall | None:
+        """This call on reduced tokens, its layout put in the call's options; ``None``: run the block whole."""
         options = options_of_call(args, extra)
         layout = options.get(LAYOUT_KEY)
         if layout is None:
-            return self.run(args, extra)
+            return None
         model_call(options).reached.add(SCOPE_BLOCK)
         if layout.row_stride is not None:
             _warn_image_in_rows(options)
-            return self.run(args, extra)
+            return None
         form = self.scope.args(self.key)
         img = args[IMG]
         offset, length = form.sequence(args)  # where img starts in the layout's sequence, and its length
         refusal = refused(form, args, length)
         if refusal is not None:
             _warn_refused(options, *refusal)
-            return self.run(args, extra)
+            return None
         start = layout.start(length)
         if start is None or start < offset or start - offset + layout.n_tokens > img.shape[1]:
             if not layout.recognises(length):
                 _warn_unrecognised_block(options, length, layout)
-            return self.run(args, extra)
+            return None
         if not placed(form, args, layout, start, offset, length):
             _warn_unplaced_block(options, length)
-            return self.run(args, extra)
+            return None
         n = layout.n_tokens
-        image = img[:, start - offset:start - offset + n]
-        reduced = self.scope.reduction(image, layout, self.key, options)
+        reduced = self.scope.reduction(img[:, start - offset:start - offset + n], layout, self.key, options)
         if reduced is None:
-            return self.run(args, extra)
-        # The block adds into its input in place: it gets a copy (``replace_span``'s cat), so ``reduced``, the
-        # change's base, stays what the block received.
-        reduction, reduced = reduced
-        m = reduced.shape[1]
-        reduced_args = dict(args, img=replace_span(img, start - offset, n, reduced),
-                            **following(form, args, reduction, start, offset, length, layout, m))
+            return None
+        reduction, tokens = reduced
+        reduction.prepare()
+        m = tokens.shape[1]
         # Every sequence of the layout (SD3.5's image-only attn2 besides the joint one) loses the same tokens.
         options[LAYOUT_KEY] = None if reduction.grid is None else \
             image_layout(reduction.grid, {size - n + m: at for size, at in layout.starts.items()}, layout.others)
-        try:
-            out = self.run(reduced_args, extra)
-        finally:
-            options[LAYOUT_KEY] = layout
-        out_img = out["img"]
-        span = slice(start - offset, start - offset + m)
-        image_out = image + reduction.expand(out_img[:, span] - reduced)
-        if image_out.dtype == torch.float16:  # as the blocks keep their half-precision output finite
-            image_out = torch.nan_to_num(image_out, nan=0.0, posinf=65504, neginf=-65504)
-        return dict(out, img=replace_span(out_img, start - offset, m, image_out))
+        # The block adds into its input in place: it gets a new tensor (``replace_span``'s cat), so ``tokens``,
+        # the change's base, stays what the block received.
+        return ReducedCall(reduction, tokens, start - offset, n, form, layout, start, offset, length, options)
 
 
 # Registration: what ``comfyui_dit``'s apply functions and layout wrapper call.
@@ -495,13 +557,14 @@ def replace_blocks(options: dict, family: str, keys, make: Callable) -> None:
         options["patches_replace"] = with_dit_replacements(options.get("patches_replace") or {}, keys, make)
 
 
-def swap_family_blocks(model, family: str) -> None:
-    """On ``model`` (a clone), swap the classes of a swapped family's blocks (``comfyui_dit_swap``); none for a
-    family ComfyUI hands its replacements to, nor one the block scope does not reach."""
+def swap_family_blocks(model, scope: BlockScope) -> None:
+    """On ``model`` (a clone), swap the classes of the blocks ``scope`` reduces, where its family's are swapped
+    (``comfyui_dit_swap``); none for a family ComfyUI hands its replacements to."""
     without_swapped_blocks(model)
-    blocks = BLOCK_FAMILIES.get(family)
-    if blocks is not None and blocks.swap is not None:
-        swap_blocks(model, blocks.swap.paths(model.get_model_object("diffusion_model")), blocks.swap.mixin)
+    swap = BLOCK_FAMILIES[scope.family].swap
+    if swap is not None:
+        paths = swap.paths(model.get_model_object("diffusion_model"))
+        swap_blocks(model, {key: paths[key] for key in scope.chosen}, swap.mixin)
 
 
 def block_keys(model, family: str) -> tuple[BlockKey, ...] | None:

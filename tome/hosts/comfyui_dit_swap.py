@@ -11,7 +11,8 @@ looks in its ``transformer_options`` for this model call's replacement of that k
 by the layout wrapper for each call, as the other families' go into ``patches_replace``) and, with none, runs
 as the block. The replacement gets the block's arguments as ``dit`` replacement ``args`` (``img``, ``txt``,
 ``vec``, ``pe``, ``attn_mask``, ``transformer_options``) and the block as ``original_block``; what it returns
-goes back as the block's own output.
+goes back as the block's own output. Under ``torch.compile`` only the lookup of the replacement runs outside the
+graph (``eager``): a block with none, or the block a replacement runs, is traced as the unswapped class would be.
 
 Cosmos (1 and Predict2) is not reached this way: its blocks take the video as a grid ``[B, T, H, W, D]``
 (Predict2) or ``[T, H, W, B, D]`` (1), which merged tokens are not.
@@ -35,6 +36,7 @@ class SwappedBlock:
     tome_block_key: tuple[str, int]
     tome_base: type
 
+    @eager  # outside compiled graphs: made for each model call, so read afresh at every call
     def tome_replacement(self, options) -> Callable | None:
         """This model call's replacement of this block, if the call has one: from the block's own
         ``transformer_options``, or the running call's where a step cache's forward calls the block without them
@@ -46,7 +48,6 @@ class LuminaBlock(SwappedBlock):
     """Lumina 2's and Z-Image's ``JointTransformerBlock``: ``x [B, text + image (+ padding), C]``, its rotary
     table ``freqs_cis [B, L, 1, D/2, 2, 2]`` and the time modulation ``adaln_input [B, C]``; returns ``x``."""
 
-    @eager  # outside compiled graphs: the replacement, made for this model call, decides at every call
     def forward(self, x, x_mask, freqs_cis, adaln_input=None, transformer_options={}):  # noqa: B006 (ComfyUI's)
         block = super().forward
         replacement = self.tome_replacement(transformer_options)
@@ -67,7 +68,6 @@ class HiDreamBlock(SwappedBlock):
     returns both, a single-stream block ``[image | text]`` joined (``text_tokens`` ``None``) and returns it; the
     rotary table ``rope [B, L, 1, D/2, 2, 2]`` covers ``[image | text]``."""
 
-    @eager  # outside compiled graphs, as LuminaBlock
     def forward(self, image_tokens, image_tokens_masks=None, text_tokens=None, adaln_input=None, rope=None,
                 transformer_options={}):  # noqa: B006 (ComfyUI's)
         block = super().forward

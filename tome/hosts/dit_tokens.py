@@ -85,6 +85,10 @@ class FramePlan:
         merged = self.plan.merge(x.reshape(batch * self.frames, n // self.frames, -1), mode)
         return merged.reshape(batch, -1, *rest)
 
+    def prepare(self) -> None:
+        """Make ``unmerge``'s index map now (``MergePlan.source_index``, kept once made)."""
+        self.plan.source_index()
+
     def unmerge(self, x: torch.Tensor) -> torch.Tensor:
         batch, m, rest = x.shape[0], x.shape[1], x.shape[2:]
         return self.plan.unmerge(x.reshape(batch * self.frames, m // self.frames, -1)).reshape(batch, -1, *rest)
