@@ -75,8 +75,8 @@ all tokens.) Its output distance is that of the cut tokens passing through the b
 they run, text included where it comes apart (Flux's double blocks, SD3, Qwen-Image; Flux's single blocks
 hold it), counted in the warm-up forward (the Markdown runs them together: ``4608 (2), 2560 (4)``); a block
 row and its ideal twin give the same counts. ``--reuse-blocks N``: also ``tome-R-block-skipF-L-reuseN``, ToMe
-with one matching for N consecutive blocks of a model call (``reuse_blocks``, no node input: docs/DITS.md "A
-matching reused"), beside its twin without it, whose ideal it reads. With a few of a model's blocks
+with one matching for N consecutive blocks of a model call (``tome_harness.block_reuse``, no node offers it:
+docs/DITS.md "A matching reused"), beside its twin without it, whose ideal it reads. With a few of a model's blocks
 (``--blocks``, ``--flux-blocks``) the skipped ones weigh more than in the whole model: there ``0:0`` is the
 reduced blocks' speed-up x, and the whole model's with S of its K blocks skipped is about
 1 / (S/K + (1 - S/K)/x).
@@ -112,6 +112,7 @@ from tome.hosts.dit_settings import LAYOUT_KEY, OVERRIDE_KEY, SCOPE_ATTENTION, S
 from tome.merge import IDENTITY, build_plan
 from tome_harness import comfyui as comfyui_host
 from tome_harness import dit_models, machine
+from tome_harness.block_reuse import with_reuse_blocks
 from tome_harness.comfyui import ROOT
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -353,8 +354,8 @@ def block_variants(dit, model, ratios, factors, skips, reuse_blocks=()) -> dict:
             model, downsample_factor=factor, **skip) for factor in factors})
         for name, real in reals.items():
             out[name], out[f"ideal-{name}"] = real, ideal_twin(dit, model, real, family)
-        out.update({f"tome-{ratio}-block-skip{first}-{last}-reuse{n}": dit.apply_tome_dit(
-            model, ratio=ratio, reuse_blocks=n, **skip) for ratio in ratios for n in reuse_blocks})
+        out.update({f"tome-{ratio}-block-skip{first}-{last}-reuse{n}": with_reuse_blocks(
+            reals[f"tome-{ratio}-block-skip{first}-{last}"], n) for ratio in ratios for n in reuse_blocks})
         if not block_module(dit).chosen_blocks(block_module(dit).block_keys(model, family), first, last):
             print(f"dit_bench: --skips {first}:{last} leaves none of this model's blocks reduced: its block rows "
                   "run as no patch does", file=sys.stderr)

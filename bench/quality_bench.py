@@ -104,11 +104,14 @@ def todo(factor: int, method: str = "nearest", **inputs) -> Callable:
                                                               **inputs)
 
 
-def block_reuse(**inputs) -> Callable:
-    """ToMe 0.5 at the block scope with one matching for several blocks (``reuse_blocks``: no node input)."""
+def one_matching_a_call(**inputs) -> Callable:
+    """ToMe 0.5 at the block scope with one matching for every block of a model call (``tome_harness.block_reuse``:
+    no node offers it)."""
     from tome.hosts.comfyui_dit import SCOPE_BLOCK
+    from tome_harness.block_reuse import EVERY_BLOCK, with_reuse_blocks
 
-    return lambda pack, model, layout: pack.dit.apply_tome_dit(model, ratio=0.5, dit_scope=SCOPE_BLOCK, **inputs)
+    return lambda pack, model, layout: with_reuse_blocks(
+        pack.dit.apply_tome_dit(model, ratio=0.5, dit_scope=SCOPE_BLOCK, **inputs), EVERY_BLOCK)
 
 
 def core(ratio: float) -> Callable:
@@ -185,7 +188,7 @@ def fewer_steps(counts: Iterable[int]) -> list[Setting]:
 
 def settings() -> list[Setting]:
     from tome.downsample import AVERAGE
-    from tome.hosts.comfyui_dit import MAX_REUSE_BLOCKS, SCOPE_BLOCK
+    from tome.hosts.comfyui_dit import SCOPE_BLOCK
     from tome.hosts.comfyui_models import AUTO
     from tome.hosts.comfyui_unet import MERGE_KV, MERGE_Q, SCOPE_ALL, SCOPE_CROSS
     from tome.merge import PRUNE
@@ -235,9 +238,9 @@ def settings() -> list[Setting]:
                                                    skip_last_blocks=0), dit_only=True),
         # One matching serving several blocks of a model call, or a block's matching several steps (issue 33:
         # reuse where the bench shows it free).
-        Setting("ToMe 0.5 block, one matching a call", block_reuse(reuse_blocks=MAX_REUSE_BLOCKS), dit_only=True),
-        Setting("ToMe 0.5 block, skip 1:1, one matching a call", block_reuse(
-            reuse_blocks=MAX_REUSE_BLOCKS, skip_first_blocks=1, skip_last_blocks=1), dit_only=True),
+        Setting("ToMe 0.5 block, one matching a call", one_matching_a_call(), dit_only=True),
+        Setting("ToMe 0.5 block, skip 1:1, one matching a call", one_matching_a_call(
+            skip_first_blocks=1, skip_last_blocks=1), dit_only=True),
         Setting("ToMe 0.5 block, reuse 2 steps", tome(0.5, dit_scope=SCOPE_BLOCK, reuse_steps=2), dit_only=True),
         Setting("ToMe 0.5 block, reuse 4 steps", tome(0.5, dit_scope=SCOPE_BLOCK, reuse_steps=4), dit_only=True),
         Setting("prune 0.5 block", tome(0.5, dit_scope=SCOPE_BLOCK, reduce=PRUNE), dit_only=True),

@@ -22,6 +22,7 @@ from helpers import (
 )
 
 from tome_harness import dit_models, host_reads
+from tome_harness.block_reuse import with_reuse_blocks
 
 COND_TEXT, UNCOND_TEXT = 7, 5
 LATENTS = {"flux": (1, 16, 10, 12), "flux2": (1, 128, 5, 6), "chroma": (1, 16, 10, 12),
@@ -620,15 +621,16 @@ def test_a_block_replacement_that_skips_the_block_leaves_every_image_token_as_it
     torch.testing.assert_close(out["img"], given["img"], rtol=0, atol=0)
 
 
-# A matching reused: across the blocks of a model call (reuse_blocks: measured, not offered by a node) and across
-# a block's steps (reuse_steps, Apply ToMe (Advanced)); docs/DITS.md "A matching reused".
+# A matching reused: across the blocks of a model call (the benches' tome_harness.block_reuse: measured, not offered
+# by a node) and across a block's steps (reuse_steps, Apply ToMe (Advanced)); docs/DITS.md "A matching reused".
 
-def merged_together(block, tome, key, options, seed):
+def merged_together(block, tome, key, options, seed, reuse_blocks=1):
     """One call of our replacement of Flux's double block ``key`` (of three) on random image tokens
     (``seed``), with ``options`` (a model call's, shared by the calls of one model call): which image tokens
     the block merged together, as the groups of equal change (the block changes each token by a function of
-    it alone), a frozenset per batch element."""
+    it alone), a frozenset per batch element. ``reuse_blocks``: one matching for that many blocks of the call."""
     from tome_harness import comfyui as comfyui_host
+    from tome_harness.block_reuse import reusing_scope_class
 
     dit = comfyui_host.pack_module("tome.hosts.comfyui_dit")
     families = comfyui_host.pack_module("tome.hosts.dit_families")
@@ -637,7 +639,8 @@ def merged_together(block, tome, key, options, seed):
     weight = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
     options.setdefault(dit.LAYOUT_KEY, families.flux_layout((2, 16, 10, 12), 2, COND_TEXT))
     keys = tuple(("double_block", i) for i in range(3))
-    replacement = block.BlockReduction(block.BlockScope(None, tome, keys, "flux"), key)
+    scope = reusing_scope_class(block.BlockScope)(None, tome, keys, "flux", reuse_blocks)
+    replacement = block.BlockReduction(scope, key)
     args = {"img": img, "txt": txt, "vec": None, "transformer_options": options,
             "pe": torch.randn(1, 1, COND_TEXT + IMAGE, 2, 2, 2, generator=generator)}
     reduced = []
@@ -660,13 +663,14 @@ def reusing(pack, **changes):
 
 @pytest.mark.parametrize("reuse_blocks", [1, 2])
 def test_reuse_blocks_blocks_of_a_model_call_merge_the_tokens_the_first_of_them_matched(pack, block, reuse_blocks):
-    tome = reusing(pack, reuse_blocks=reuse_blocks)
-    options = {}  # one model call: its ModelCall, made by the first block, serves the three
-    first, second, third = (merged_together(block, tome, ("double_block", i), options, seed=i) for i in range(3))
+    tome = reusing(pack)
+    options = {}  # one model call: the plan the first block matched is kept in its options
+    first, second, third = (merged_together(block, tome, ("double_block", i), options, seed=i,
+                                            reuse_blocks=reuse_blocks) for i in range(3))
     assert all(len(groups) == MERGED for groups in first)  # 15 merged tokens: the groups of the first matching
     assert (second == first) == (reuse_blocks == 2)  # other tokens, the same groups: the first block's matching
     assert third != first  # the third block matches afresh
-    assert merged_together(block, tome, ("double_block", 1), {}, seed=1) != first  # another call: its own
+    assert merged_together(block, tome, ("double_block", 1), {}, seed=1, reuse_blocks=reuse_blocks) != first
 
 
 def test_reuse_steps_a_blocks_matching_serves_its_next_steps_per_batch_of_conds(pack, block):
@@ -982,8 +986,8 @@ def test_the_block_scope_reads_the_host_at_most_once_per_model_call_and_never_bl
     (the run's schedule read in its first call's sigma read)."""
     base = host_reads.build_model(name)
     apply = {"tome": lambda: pack.dit.apply_tome_dit(base, ratio=0.5, end_percent=0.7, **BLOCKS),
-             "tome reuse": lambda: pack.dit.apply_tome_dit(base, ratio=0.5, end_percent=0.7, reuse_steps=2,
-                                                           reuse_blocks=2, **BLOCKS),
+             "tome reuse": lambda: with_reuse_blocks(pack.dit.apply_tome_dit(base, ratio=0.5, end_percent=0.7,
+                                                                             reuse_steps=2, **BLOCKS), 2),
              "todo": lambda: pack.dit.apply_todo_dit(base, downsample_factor=2, end_percent=0.7, **BLOCKS)}[node]
     host_reads.count_sampling(comfy_nodes, apply(), name)  # first-run work
     plain = host_reads.count_sampling(comfy_nodes, base, name)
@@ -1018,7 +1022,7 @@ def test_compiled_equals_uncompiled_for_differently_set_clones_and_a_rerun_compi
                 lambda m: pack.dit.apply_tome_dit(m, ratio=0.3, dit_scope="block", skip_first_blocks=1,
                                                   skip_last_blocks=0),
                 lambda m: pack.dit.apply_todo_dit(m, downsample_factor=2, end_percent=0.5, **BLOCKS),
-                lambda m: pack.dit.apply_tome_dit(m, ratio=0.5, reuse_steps=2, reuse_blocks=2, **BLOCKS)]
+                lambda m: with_reuse_blocks(pack.dit.apply_tome_dit(m, ratio=0.5, reuse_steps=2, **BLOCKS), 2)]
     references = [sample(comfy_nodes, apply(flux)) for apply in settings]
     for a, b in [(0, 1), (0, 2), (1, 2), (0, 3)]:
         assert (references[a] - references[b]).abs().max() > 0.1

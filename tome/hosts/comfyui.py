@@ -90,10 +90,9 @@ class ModelCall:
     queue 16 times. Where the call's sampling ``run`` keeps plans across steps
     and has not read its ``schedule`` yet, the same read brings the schedule
     (its first call would otherwise wait twice). ``next_attention()``: the index
-    of the call's next image attention call (the DiT's seeds). ``block_plan()``:
-    the block scope's merge plan, kept for the next blocks of the call
-    (``reuse_blocks``). A model call runs in one thread (cond and uncond in two
-    threads are two calls), so nothing here needs a lock.
+    of the call's next image attention call (the DiT's seeds). A model call runs
+    in one thread (cond and uncond in two threads are two calls), so nothing here
+    needs a lock.
     """
 
     def __init__(self, sigmas: torch.Tensor | None, run: SamplingRun | None = None,
@@ -104,7 +103,6 @@ class ModelCall:
         self._run = run
         self._schedule = schedule
         self._attention_calls = 0
-        self._block_plan: tuple[int, Hashable, object] | None = None  # (the block it was made at, its tokens, plan)
 
     def sigma(self) -> float | None:
         if self._sigma is None and self._sigmas is not None:
@@ -143,17 +141,6 @@ class ModelCall:
         index = self._attention_calls
         self._attention_calls += 1
         return index
-
-    def block_plan(self, position: int, tokens: Hashable, reuse_blocks: int, make: Callable[[], object]):
-        """The plan made at the call's block ``position - k`` for the same ``tokens`` (their shape and grid),
-        ``k < reuse_blocks``, else ``make()``, kept for the blocks after ``position``."""
-        if self._block_plan is not None:
-            made, seen, plan = self._block_plan
-            if seen == tokens and 0 <= position - made < reuse_blocks:
-                return plan
-        plan = make()
-        self._block_plan = (position, tokens, plan)
-        return plan
 
 
 def model_call(options) -> ModelCall:

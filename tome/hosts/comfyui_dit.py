@@ -66,7 +66,6 @@ from .dit_settings import (
     DIT_SCOPES,
     LAYOUT_KEY,
     MAIN_BLOCK_KEY,
-    MAX_REUSE_BLOCKS,
     MAX_SKIP_BLOCKS,
     OVERRIDE_KEY,
     SCOPE_ATTENTION,
@@ -367,7 +366,7 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
                    use_rand: bool = True, merge: str = MERGE_QKV, start_percent: float = 0.0,
                    end_percent: float = 1.0, reduce: str = MEAN, keep_norms: bool = True,
                    dit_scope: str = SCOPE_ATTENTION, skip_first_blocks: int = SKIP_FIRST_BLOCKS,
-                   skip_last_blocks: int = SKIP_LAST_BLOCKS, reuse_blocks: int = 1, reuse_steps: int = 1):
+                   skip_last_blocks: int = SKIP_LAST_BLOCKS, reuse_steps: int = 1):
     """Clone ``model`` (a DiT) with ToMe in its image self-attention: the image tokens of q, k and v (or those
     ``merge`` names) merged per frame, the queries unmerged after. Ratio 0 removes an earlier ToMe; a second
     call replaces the first. ``dit_scope`` ``block``: the image tokens are merged at the entry of each block but
@@ -375,23 +374,19 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
     runs on them, and each token gets its merged token's change (``comfyui_dit_block``; ``merge`` has no meaning
     there). No node offers ``reduce``, ``MEAN`` (ToMe) or ``PRUNE`` (the same tokens dropped: the quality bench's
     baseline), and ``keep_norms``: False merges keys by their plain mean, shorter than they are (``tome.norms``;
-    the quality bench measures what that costs). At the block scope, ``reuse_blocks`` consecutive blocks of a
-    model call share one matching (made at the first of them) and a block's matching serves ``reuse_steps``
+    the quality bench measures what that costs). At the block scope a block's matching serves ``reuse_steps``
     consecutive steps."""
     family = known_family(model, "Apply ToMe")
     if family is None:
         return model
     check_tome_inputs(ratio, stride_x, stride_y, reuse_steps, merge, reduce, REDUCTIONS)
-    check_range("reuse_blocks", reuse_blocks, 1, MAX_REUSE_BLOCKS)
     scope, blocks = scope_and_blocks(model, family, "Apply ToMe", dit_scope, skip_first_blocks, skip_last_blocks)
     if scope == SCOPE_BLOCK and merge != MERGE_QKV and ratio > 0.0:
         log.warning("Apply ToMe: merge=%r has no meaning at dit_scope 'block' (the whole block runs on the merged "
                     "tokens) and is ignored", merge)
-    if scope == SCOPE_ATTENTION and ratio > 0.0:
-        for name, value in (("reuse_steps", reuse_steps), ("reuse_blocks", reuse_blocks)):
-            if value > 1:
-                log.warning("Apply ToMe: %s=%d has no meaning at dit_scope 'attention' (every attention call matches "
-                            "afresh) and is ignored", name, value)
+    if scope == SCOPE_ATTENTION and ratio > 0.0 and reuse_steps > 1:
+        log.warning("Apply ToMe: reuse_steps=%d has no meaning at dit_scope 'attention' (every attention call "
+                    "matches afresh) and is ignored", reuse_steps)
     current = base_reduction(model)
     if not reduces(scope, blocks):
         ratio = 0.0
@@ -402,6 +397,5 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
     if ratio > 0.0:
         tome = DiTToMe(ratio, stride_x, stride_y, sampling_window(model, start_percent, end_percent),
                        seed=seed, use_rand=use_rand, merge=merge, reduce=reduce, keep_norms=keep_norms,
-                       scope=scope, blocks=blocks, **({"reuse_blocks": reuse_blocks, "reuse_steps": reuse_steps}
-                                                      if scope == SCOPE_BLOCK else {}))
+                       scope=scope, blocks=blocks, reuse_steps=reuse_steps if scope == SCOPE_BLOCK else 1)
     return with_reduction(model, family, dataclasses.replace(current, tome=tome))

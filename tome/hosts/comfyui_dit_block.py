@@ -49,12 +49,10 @@ attention gathers each frame's full tokens; Cosmos, whose blocks take the video
 as a grid) is left to the attention scope, with a warning when the node runs
 (``comfyui_dit.scope_and_blocks``).
 
-A matching reused (ToMe): the plan an earlier block of the model call matched
-serves the next ``reuse_blocks - 1`` blocks (kept in the call's ``ModelCall``;
-no node offers it: docs/DITS.md "A matching reused" says what it costs), and a
-block's plan serves its next ``reuse_steps - 1`` steps (kept in the run's
-``SamplingRun`` per batch of conds, as on U-Nets). Seeds count every block call,
-reused or not.
+A matching reused (ToMe): a block's plan serves its next ``reuse_steps - 1``
+steps (kept in the run's ``SamplingRun`` per batch of conds, as on U-Nets).
+Seeds count every block call, reused or not. (One plan for several blocks of a
+call is the benches' ``tome_harness.block_reuse``: measured, offered by no node.)
 
 Which blocks: the first ``skip_first`` and the last ``skip_last`` blocks of the
 model, in the order they run (double blocks, then single ones), stay whole;
@@ -415,20 +413,10 @@ class BlockScope:
 
     def tome_plan(self, tome: DiTToMe, tokens: torch.Tensor, grid: tuple[int, int, int], key, options):
         """ToMe's plan for block ``key``'s (pooled) image tokens ``tokens [B, t*h*w, C]``: matched on them, or the
-        plan an earlier block of this model call matched (``reuse_blocks``), or the one this block matched at an
-        earlier step of the run (``reuse_steps``, kept per batch of conds as on U-Nets)."""
-        call = model_call(options)
-        index = call.next_attention()  # counted at every block, so a reused plan moves no later block's seed
-
-        def fresh():
-            return frame_plan(tome, tokens, grid, index, options)
-
-        def make():
-            return kept_plan(options, key, tokens, tome.reuse_steps, fresh)
-
-        if tome.reuse_blocks > 1:
-            return call.block_plan(self.keys.index(key), (tuple(tokens.shape), grid), tome.reuse_blocks, make)
-        return make()
+        one this block matched at an earlier step of the run (``reuse_steps``, kept per batch of conds as on
+        U-Nets)."""
+        index = model_call(options).next_attention()  # counted at every block call, a kept plan's too
+        return kept_plan(options, key, tokens, tome.reuse_steps, lambda: frame_plan(tome, tokens, grid, index, options))
 
 
 @dataclass(frozen=True)

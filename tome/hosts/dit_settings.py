@@ -19,7 +19,6 @@ MAIN_BLOCK_KEY = "tome_main_block"  # in a VACE model call's transformer_options
 SCOPE_ATTENTION, SCOPE_BLOCK = "attention", "block"
 DIT_SCOPES = (SCOPE_ATTENTION, SCOPE_BLOCK)
 MAX_SKIP_BLOCKS = 100  # skip_first_blocks, skip_last_blocks: up to this many (Flux has 57 blocks, Qwen-Image 60)
-MAX_REUSE_BLOCKS = 100  # reuse_blocks: up to this many (one matching for every block of the largest models)
 # The block scope's defaults: the blocks at either end cost the most to reduce on every trained judge (docs/DITS.md
 # "Which blocks and which steps, measured"; AsymRnR and SDTM found the same), so they stay whole.
 SKIP_FIRST_BLOCKS, SKIP_LAST_BLOCKS = 2, 2
@@ -53,7 +52,6 @@ class DiTToMe:
     keep_norms: bool = True  # merged keys at their tokens' mean length (tome.norms)
     scope: str = SCOPE_ATTENTION  # SCOPE_BLOCK: the whole block runs on the merged tokens (comfyui_dit_block)
     blocks: frozenset = frozenset()  # at the block scope: the keys of the blocks it reduces
-    # At the block scope: how many consecutive blocks of a model call one matching serves, and how many
-    # consecutive sampling steps a block's matching serves (1 and 1: every block call matches afresh).
-    reuse_blocks: int = 1
+    # At the block scope: how many consecutive sampling steps a block's matching serves (1: every block call
+    # matches afresh).
     reuse_steps: int = 1
