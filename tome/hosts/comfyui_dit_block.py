@@ -423,20 +423,28 @@ class BlockScope:
 class ReducedCall:
     """One block call on reduced image tokens, as the eager decision (``BlockReduction.decide``) hands it to the
     part a compiled model traces: how the tokens were reduced (``reduction``) and the reduced ones (``reduced``,
-    the base of the block's change), where the image lies in ``img`` (``at``, ``n`` tokens), and what moving the
-    block's other arguments takes (``form``, ``layout``, ``start``, ``offset``, ``length``: ``following``'s). While
-    the block runs, the call's ``options`` hold the reduced tokens' layout; ``restore`` puts ``layout`` back."""
+    the base of the block's change), and what moving the block's other arguments takes (``form``, ``layout``,
+    ``start``, ``offset``, ``length``: ``following``'s). While the block runs, the call's ``options`` hold the
+    reduced tokens' layout; ``restore`` puts ``layout`` back."""
 
     reduction: Reduction
     reduced: torch.Tensor
-    at: int
-    n: int
     form: BlockArgs
     layout: ImageLayout
     start: int
     offset: int
     length: int
     options: dict
+
+    @property
+    def at(self) -> int:
+        """Where the image starts in ``img``."""
+        return self.start - self.offset
+
+    @property
+    def n(self) -> int:
+        """The image's tokens, before they were reduced."""
+        return self.layout.n_tokens
 
     def block_args(self, args: dict) -> dict:
         """The block's arguments for the reduced tokens: ``img`` with its image replaced by them, every table,
@@ -529,7 +537,7 @@ class BlockReduction:
             image_layout(reduction.grid, {size - n + m: at for size, at in layout.starts.items()}, layout.others)
         # The block adds into its input in place: it gets a new tensor (``replace_span``'s cat), so ``tokens``,
         # the change's base, stays what the block received.
-        return ReducedCall(reduction, tokens, start - offset, n, form, layout, start, offset, length, options)
+        return ReducedCall(reduction, tokens, form, layout, start, offset, length, options)
 
 
 # Registration: what ``comfyui_dit``'s apply functions and layout wrapper call.
