@@ -297,11 +297,10 @@ def build(case: Case, dtype: torch.dtype, device: torch.device):
 
     model_config = getattr(comfy.supported_models, case.model_class)(dict(case.config))
     model_config.set_inference_dtype(dtype, None)
-    model = model_config.get_model({}, device="cpu")
+    model = model_config.get_model({}, device=device).eval().to(device)  # weights drawn there: see randomize
     dit_models.randomize(model.diffusion_model)
     dit_models.fill_norm_scales(model.diffusion_model)
     dit_models.fill_position_embedding(model.diffusion_model, 0)
-    model.eval().to(device)
     return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
 
 

@@ -50,13 +50,16 @@ def randomize(module: torch.nn.Module, seed: int = 0) -> None:
     """Seeded weights of sane scale: fan-in normal for matrices and kernels, identity norms, zero biases.
 
     ComfyUI builds its layers without initializing them (they are meant to be
-    loaded), so every parameter is set here.
+    loaded), so every parameter is set here. The values are drawn where each parameter lives: a GPU draws a
+    12B-parameter model in a second where a CPU generator takes minutes (the same seed gives other values there).
     """
-    generator = torch.Generator().manual_seed(seed)
+    generators = {}
     for name, param in module.named_parameters():
         if param.ndim >= 2:
+            if param.device not in generators:
+                generators[param.device] = torch.Generator(param.device).manual_seed(seed)
             std = 1.0 / math.sqrt(param[0].numel())
-            param.copy_(torch.randn(param.shape, generator=generator) * std)
+            param.copy_(torch.randn(param.shape, generator=generators[param.device], device=param.device) * std)
         elif name.endswith("weight"):
             param.fill_(1.0)
         else:
