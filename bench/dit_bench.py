@@ -410,8 +410,9 @@ class IdealBlocks:
         bench replaces no forward and no block list."""
         return True
 
-    def install(self, options: dict) -> None:
-        self.block.replace_blocks(options, self.family, self.blocks, lambda key, inner: IdealBlock(self, key, inner))
+    def install(self, options: dict, net: torch.nn.Module) -> None:
+        self.block.replace_blocks(options, self.family, self.blocks, lambda key, inner: IdealBlock(
+            self, key, inner, self.block.direct_block(self.family, net, key)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -422,9 +423,12 @@ class IdealBlock:
     scope: IdealBlocks
     key: tuple[str, int]
     inner: Callable | None = None
+    direct: Callable[[dict], dict] | None = None  # the block itself, as the real row runs it (``direct_block``)
 
     def run(self, args: dict, extra: dict) -> dict:
-        return self.inner(args, extra) if self.inner is not None else extra["original_block"](args)
+        if self.inner is not None:
+            return self.inner(args, extra)
+        return self.direct(args) if self.direct is not None else extra["original_block"](args)
 
     def __call__(self, args: dict, extra: dict) -> dict:
         layout = (args.get("transformer_options") or {}).get(LAYOUT_KEY)

@@ -191,8 +191,9 @@ def fill_position_embedding(net: torch.nn.Module, seed: int) -> None:
         pos_embed.copy_(torch.randn(pos_embed.shape, generator=generator) * 0.02)
 
 
-def build_dit_model(family: str, seed: int = 0):
-    """A ComfyUI ``ModelPatcher`` around a random-weight DiT of ``family`` (a key of ``DIT_CONFIGS``), on the CPU.
+def build_dit_model(family: str, seed: int = 0, changes: dict | None = None):
+    """A ComfyUI ``ModelPatcher`` around a random-weight DiT of ``family`` (a key of ``DIT_CONFIGS``), on the CPU;
+    ``changes``: entries of its config replaced (a deeper model, say).
 
     Raises ``ImportError`` where this host lacks what the family's ComfyUI code imports.
     """
@@ -200,7 +201,7 @@ def build_dit_model(family: str, seed: int = 0):
     import comfy.supported_models
 
     class_name, config = DIT_CONFIGS[family]
-    model_config = getattr(comfy.supported_models, class_name)(dict(config))
+    model_config = getattr(comfy.supported_models, class_name)({**config, **(changes or {})})
     model_config.set_inference_dtype(torch.float32, None)
     model = model_config.get_model({}, device="cpu")
     randomize(model.diffusion_model, seed)

@@ -259,3 +259,20 @@ def test_every_block_runs_inside_the_compiled_graph_at_the_block_scope(pack, com
     unpatched = linears_in_graphs(comfy_nodes, model, family)
     assert unpatched > 0
     assert linears_in_graphs(comfy_nodes, reduced, family) == unpatched
+
+
+# SD3 with more blocks than dynamo compiles one function for (its recompile limit, 8); its width follows its depth.
+DEEP_SD3 = {"depth": 12, "context_embedder_config": {
+    "target": "torch.nn.Linear", "params": {"in_features": dit_models.CONTEXT_DIM, "out_features": 64 * 12}}}
+
+
+def test_every_block_of_a_deep_sd3_runs_inside_the_compiled_graph_at_the_block_scope(pack, comfy_nodes):
+    """ComfyUI's SD3 ``original_block`` indexes the blocks by the index it captured, which dynamo specializes
+    on: called through it, each block recompiled the same code, and past the recompile limit the remaining blocks
+    ran uncompiled (on an H200, 16 of SD3.5 medium's 24). The scope runs SD3's blocks itself."""
+    assert torch._dynamo.config.recompile_limit < DEEP_SD3["depth"]
+    model = dit_models.build_dit_model("sd3", changes=DEEP_SD3)
+    reduced = pack.dit.apply_tome_dit(model, ratio=0.5, dit_scope="block", skip_first_blocks=1)
+    unpatched = linears_in_graphs(comfy_nodes, model, "sd3")
+    assert unpatched > 0
+    assert linears_in_graphs(comfy_nodes, reduced, "sd3") == unpatched

@@ -101,7 +101,7 @@ class LayoutWrapper:
         run = options.setdefault(RUN_KEY, SamplingRun())
         if self.blocks is not None:  # first, so that VACE's marks and S2V's options go around it
             if self.blocks.reaches(executor.class_obj.diffusion_model):
-                self.blocks.install(options)
+                self.blocks.install(options, executor.class_obj.diffusion_model)
             elif run.first_warning(unreached_key(SCOPE_BLOCK)):
                 warn_blocks_replaced(self.attention)
         if self.spec.vace_main_blocks:

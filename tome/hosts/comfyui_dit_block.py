@@ -71,6 +71,7 @@ No ComfyUI import; patch objects hold only frozen settings.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -383,10 +384,11 @@ class BlockScope:
         chosen = frozenset().union(*(s.blocks for s in (self.todo, self.tome) if s is not None))
         return tuple(key for key in self.keys if key in chosen)
 
-    def install(self, options: dict) -> None:
-        """Put a ``BlockReduction`` on each chosen block of this model call (``options``, the call's own copy),
-        around whatever replacement was there (it runs on the reduced tokens); the others get nothing."""
-        replace_blocks(options, self.family, self.chosen, lambda key, inner: BlockReduction(self, key, inner))
+    def install(self, options: dict, net: torch.nn.Module) -> None:
+        """Put a ``BlockReduction`` on each chosen block of this model call (``options``, the call's own copy) of
+        ``net``, around whatever replacement was there (it runs on the reduced tokens); the others get nothing."""
+        replace_blocks(options, self.family, self.chosen, lambda key, inner: BlockReduction(
+            self, key, inner, direct_block(self.family, net, key)))
 
     def reduction(self, image: torch.Tensor, layout: ImageLayout, key,
                   options) -> tuple[Reduction, torch.Tensor] | None:
@@ -487,9 +489,12 @@ class BlockReduction:
     scope: BlockScope
     key: BlockKey
     inner: Callable | None = None
+    direct: Callable[[dict], dict] | None = None  # the block itself, in place of ``original_block`` (``DirectBlock``)
 
     def run(self, args: dict, extra: dict) -> dict:
-        return self.inner(args, extra) if self.inner is not None else extra["original_block"](args)
+        if self.inner is not None:
+            return self.inner(args, extra)
+        return self.direct(args) if self.direct is not None else extra["original_block"](args)
 
     def __call__(self, args: dict, extra: dict) -> dict:
         call = self.decide(args, extra)
@@ -561,6 +566,13 @@ def swap_family_blocks(model, scope: BlockScope) -> None:
     if swap is not None:
         paths = swap.paths(model.get_model_object("diffusion_model"))
         swap_blocks(model, {key: paths[key] for key in scope.chosen}, swap.mixin)
+
+
+def direct_block(family: str, net: torch.nn.Module, key: BlockKey) -> Callable[[dict], dict] | None:
+    """Block ``key`` of ``net`` as a function of a ``dit`` replacement's ``args``, where its ``family`` runs its
+    blocks itself (``DirectBlock``); ``None`` where the family calls ``original_block``."""
+    direct = BLOCK_FAMILIES[family].direct
+    return None if direct is None else functools.partial(direct.run, direct.module(net, key), net)
 
 
 def block_keys(model, family: str) -> tuple[BlockKey, ...] | None:

@@ -583,14 +583,38 @@ class BlockSwap:
 
 
 @dataclass(frozen=True)
+class DirectBlock:
+    """How the block scope runs a family's block itself instead of ComfyUI's ``original_block``, where that
+    closure stands in torch.compile's way: ``module(net, key)``, the block's module; ``run(module, net, args)``,
+    the block on ``args`` (the replacement's), as the closure runs it, returning its ``{"img", "txt"}``."""
+
+    module: Callable[[torch.nn.Module, BlockKey], torch.nn.Module]
+    run: Callable[[torch.nn.Module, torch.nn.Module, dict], dict]
+
+
+@dataclass(frozen=True)
 class FamilyBlocks:
     """A family the block scope reaches: ``keys(net)``, its blocks in the order they run; ``args``, per kind of
     block (``DOUBLE``, ``SINGLE``), what it takes; ``swap``, for a family ComfyUI calls without a ``dit``
-    replacement, how its blocks' classes are swapped (``None``: ComfyUI's own replacement)."""
+    replacement, how its blocks' classes are swapped (``None``: ComfyUI's own replacement); ``direct``, for a
+    family whose ``original_block`` the scope does not call, how it runs the block itself."""
 
     keys: Callable[[torch.nn.Module], tuple[BlockKey, ...]]
     args: Mapping[str, BlockArgs]
     swap: BlockSwap | None = None
+    direct: DirectBlock | None = None
+
+
+def run_joint_block(block: torch.nn.Module, net: torch.nn.Module, args: dict) -> dict:
+    """An MMDiT joint block on a ``dit`` replacement's ``args``. ComfyUI's ``block_wrap`` indexes
+    ``joint_blocks`` by the block index it captured, which torch.compile specializes on: the same code
+    recompiled for every block, and past dynamo's recompile limit (8) the remaining blocks run uncompiled. The
+    block, handed in, compiles once for every block of its shape. ``use_checkpoint`` as the unpatched forward
+    passes it (``block_wrap`` leaves the block's default, which wraps its work in activation checkpointing: the
+    same values, more host work)."""
+    txt, img = block(args["txt"], args["img"], c=args["vec"], use_checkpoint=net.use_checkpoint,
+                     transformer_options=args["transformer_options"])
+    return {"txt": txt, "img": img}
 
 
 # Each family's block arguments, as ComfyUI 0.3.75's forward hands them to a ``dit`` replacement (the step caches'
@@ -659,7 +683,8 @@ SEQUENCE_ROPE = (TokenRows("pe", 1),)
 # families of their own need their own entry), and how.
 BLOCK_FAMILIES: dict[str, FamilyBlocks] = {
     FLUX: FamilyBlocks(keys_of("double_blocks", "single_blocks"), {DOUBLE: FLUX_DOUBLE, SINGLE: FLUX_SINGLE}),
-    SD3: FamilyBlocks(keys_of("joint_blocks"), {DOUBLE: SD3_JOINT}),
+    SD3: FamilyBlocks(keys_of("joint_blocks"), {DOUBLE: SD3_JOINT},
+                      direct=DirectBlock(lambda net, key: net.joint_blocks[key[1]], run_joint_block)),
     WAN: WAN_BLOCKS,
     WAN_ANIMATE: WAN_BLOCKS,  # its face adapter adds into the full video after a block, as without the block scope
     QWEN_IMAGE: FamilyBlocks(keys_of("transformer_blocks"), {
