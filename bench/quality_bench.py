@@ -198,7 +198,7 @@ def settings() -> list[Setting]:
         Setting("ToMe 0.3", tome(0.3)),
         Setting("ToMe 0.5", tome(0.5)),
         Setting("ToMe 0.7", tome(0.7)),
-        Setting("ToMe 0.75", tome(0.75), video_only=True),  # the README's fast Wan setting before this bench
+        Setting("ToMe 0.75", tome(0.75)),  # the README's fast Wan setting before this bench; ToDo's paper's mark
         Setting("ToMe 0.75 k and v only", tome(0.75, merge=MERGE_KV), video_only=True),  # as fast as ToDo 2
         # DiTs merged and average-pooled keys by their plain mean before this bench found what it costs
         # (tome.norms).
@@ -216,6 +216,12 @@ def settings() -> list[Setting]:
         Setting("ToMe 0.5 widest scope, max_downsample 4", tome(0.5, scope=SCOPE_ALL, max_downsample="4"),
                 unet_only=True),
         Setting("core TomePatchModel 0.5", core(0.5), unet_only=True),
+        # The ToMe paper's ablations on SD1.5 (docs/QUALITY.md, "What the papers found"): the modules merged for,
+        # the levels reduced, and one fixed destination per cell instead of a random one.
+        Setting("ToMe 0.5 self+cross", tome(0.5, scope=SCOPE_CROSS), unet_only=True),
+        Setting("ToMe 0.5 max_downsample 2", tome(0.5, max_downsample="2"), unet_only=True),
+        Setting("ToMe 0.5 max_downsample 4", tome(0.5, max_downsample="4"), unet_only=True),
+        Setting("ToMe 0.5 fixed destination", tome(0.5, use_rand=False), unet_only=True),
         Setting("ToDo 2", todo(2)),
         Setting("ToDo 3", todo(3)),
         Setting("ToDo 2 average", todo(2, method=AVERAGE)),
@@ -570,6 +576,75 @@ def block_changes(model, layout: tm.Layout, latents: torch.Tensor) -> list[float
     return changes
 
 
+# How each kind of block's output is rebuilt with its image tokens as they came in (``knocked_out``).
+BLOCK_KNOCKOUT = {
+    "DoubleStreamBlock": lambda out, image: (image, out[1]),
+    "JointBlock": lambda out, image: (out[0], image),
+}
+
+
+def knocked_out(model, layout: tm.Layout, levels: list[int]) -> list:
+    """Hooks on ``model`` (removed by the caller) that set the change to the image tokens to zero in the blocks a
+    default setting reduces: on a U-Net the transformer blocks of the highest-resolution level that has them
+    (``levels``, the pack's ``transformer_downsamples``: Apply ToMe's and Apply ToDo's ``auto``), on a DiT those
+    of the block scope's default (all but the first and last 2). The input is copied before the block runs:
+    ComfyUI's blocks add into it in place."""
+    tokens = 0 if layout.is_unet else (layout.size // 2) ** 2 * max(layout.frames, 1)
+    blocks = [module for module in model.model.diffusion_model.modules() if type(module).__name__ in BLOCK_IMAGE]
+    if layout.is_unet:
+        grid = (layout.size // levels[0]) ** 2  # the tokens of a block at that level
+    else:
+        blocks = blocks[2:len(blocks) - 2]
+    handles = []
+    for module in blocks:
+        taken_in, _ = BLOCK_IMAGE[type(module).__name__]
+        rebuild = BLOCK_KNOCKOUT.get(type(module).__name__)
+        seen = {}
+
+        def before(_, args, kwargs, taken_in=taken_in, seen=seen):
+            x = taken_in(args, kwargs)
+            seen["in"] = x[:, -tokens:].clone() if tokens else x.clone() if x.shape[1] == grid else None
+
+        def after(_, args, kwargs, out, rebuild=rebuild, seen=seen):
+            image = seen.pop("in")
+            if image is None:
+                return out
+            if rebuild is not None:
+                return rebuild(out, image)
+            out = out.clone()
+            out[:, out.shape[1] - image.shape[1]:] = image
+            return out
+
+        handles += [module.register_forward_pre_hook(before, with_kwargs=True),
+                    module.register_forward_hook(after, with_kwargs=True)]
+    return handles
+
+
+def sensitivity(pack, layout: tm.Layout, run: Run) -> dict:
+    """How much a judge's prediction depends on what the blocks a default setting reduces compute: the x0 change
+    (as the bench's, a share of the model's own error) when their change to the image tokens is zero
+    (``knocked_out``), at each noise level of ``run``. Below 1, the prediction moves by less than the model's own
+    error when those blocks do nothing at all: the judge cannot rank settings that change what they compute.
+    ``blocks`` names the blocks."""
+    model = tm.trained(layout)
+    levels = pack.unet.transformer_downsamples(model) if layout.is_unet else []
+    found = {"blocks": f"the transformer blocks at downsample {levels[0]}" if levels else
+             "all but the first and last 2"}
+    for percent in run.percents:
+        changes = []
+        for seed in run.noise_seeds:
+            base = model.model.process_latent_in(predict_x0(model, layout, run.photos, percent, seed))
+            handles = knocked_out(model, layout, levels)
+            try:
+                ours = model.model.process_latent_in(predict_x0(model, layout, run.photos, percent, seed))
+            finally:
+                for handle in handles:
+                    handle.remove()
+            changes += (mse(ours, base) / mse(base, run.photos)).tolist()
+        found[f"x0 change {percent}"] = spread(changes)
+    return found
+
+
 def token_redundancy(layout: tm.Layout, ratio: float = 0.5) -> dict[str, float]:
     """How alike neighbouring tokens are where the model sees the held-out photographs: the share of the tokens'
     variance (about their mean) lost by merging ``ratio`` of them (ToMe's matching, 2x2 stride, on the tokens
@@ -830,6 +905,8 @@ def main(argv=None) -> int:
                              "blur of its samples to the held-out photographs, and their detail")
     parser.add_argument("--depth", action="store_true",
                         help="instead: how much each transformer block changes the image tokens")
+    parser.add_argument("--sensitivity", action="store_true",
+                        help="instead: the x0 change with the blocks a default setting reduces knocked out")
     parser.add_argument("--redundancy", action="store_true",
                         help="instead: how much of the tokens' variance merging half of them and unmerging loses")
     parser.add_argument("--findings", type=Path, nargs="+", metavar="JSON",
@@ -847,6 +924,7 @@ def main(argv=None) -> int:
 
     class Pack:
         models = comfyui_host.pack_module("tome.hosts.comfyui_models")
+        unet = comfyui_host.pack_module("tome.hosts.comfyui_unet")
         dit = comfyui_host.pack_module("tome.hosts.comfyui_dit")
         nodes_module = nodes
 
@@ -883,6 +961,15 @@ def main(argv=None) -> int:
                   percents=(0.5,) if args.smoke else tm.EVAL_PERCENTS)
         return run, photographs_for(layout, pixels)
 
+    if args.sensitivity:
+        print("| model | blocks knocked out | " + " | ".join(f"x0 change {p}" for p in tm.EVAL_PERCENTS)
+              + " |\n" + "|---" * (2 + len(tm.EVAL_PERCENTS)) + "|")
+        for layout in layouts:
+            run, _ = run_on(layout)
+            found = sensitivity(Pack, layout, run)
+            figures = [f"{found[key]['mean']:.3f} ± {found[key]['std']:.3f}" for key in found if key != "blocks"]
+            print(f"| {layout.name} | {found['blocks']} | " + " | ".join(figures) + " |")
+        return 0
     if args.known_orders:
         print("| model | steps | patch distance: floor | samples | untrained twin's | samples blurred | detail: "
               "photographs | samples | samples blurred | img2img PSNR to photo | blurred | img2img SSIM to photo | "

@@ -116,6 +116,33 @@ def test_the_bench_tells_merging_from_pruning_the_same_tokens(comfy_nodes, pack,
     assert (merged < pruned).all()
 
 
+@pytest.mark.parametrize("name", ["sd15", "flux"])
+def test_the_knocked_out_blocks_give_their_image_tokens_back_and_no_other_block_does(comfy_nodes, pack, name):
+    """The sensitivity measure's knock-out (docs/QUALITY.md): the blocks a default setting reduces (the small
+    SD1.5's five at its top level, the first two and last three to run; Flux's all but two at each end) hand
+    their image tokens on as they came, every other block still changes them, the prediction moves, and once the
+    hooks are gone it is the model's own bit for bit."""
+    bench = load_bench("quality_bench")
+    layout = tm.LAYOUTS[name]
+    model = tm.trained(layout)
+    latents = tm.held_out_latents(layout)[:1]
+    levels = pack.unet.transformer_downsamples(model) if layout.is_unet else []
+    own = bench.predict_x0(model, layout, latents, 0.5, seed=0)
+    handles = bench.knocked_out(model, layout, levels)
+    try:
+        changes = bench.block_changes(model, layout, latents)
+        knocked = bench.predict_x0(model, layout, latents, 0.5, seed=0)
+    finally:
+        for handle in handles:
+            handle.remove()
+    idle = [index for index, change in enumerate(changes) if change == 0]
+    expected = [0, 1, len(changes) - 3, len(changes) - 2, len(changes) - 1] if layout.is_unet else \
+        list(range(2, len(changes) - 2))
+    assert idle == expected
+    assert not torch.equal(knocked, own)
+    assert torch.equal(bench.predict_x0(model, layout, latents, 0.5, seed=0), own)
+
+
 def test_the_trained_flux_attends_locally_and_sd35_and_wan_do_not(comfy_nodes):
     """Why ToDo's nearest pooling costs the Flux layout most (docs/QUALITY.md): its image queries put several
     times the uniform share of their attention on their 3x3 neighbourhood, which nearest thins to one key in
