@@ -5,6 +5,7 @@
     .venv/bin/python bench/quality_bench.py --layout sd15-512 --steps 8 --setting none --setting "ToMe 0.5"
     .venv/bin/python bench/quality_bench.py --known-orders --layout sd15  # what the measures of quality must show
     .venv/bin/python bench/quality_bench.py --depth                # each block's change of the image tokens
+    .venv/bin/python bench/quality_bench.py --sensitivity          # the x0 change with the reduced blocks out
     .venv/bin/python bench/quality_bench.py --findings bench/records/quality/*.json  # both generations' findings
     .venv/bin/python bench/quality_bench.py --tables bench/records/quality/flux-512.json  # a run's tables again
     .venv/bin/python bench/quality_bench.py --picture docs/quality.png   # the README's picture too
@@ -624,8 +625,7 @@ def sensitivity(pack, layout: tm.Layout, run: Run) -> dict:
     """How much a judge's prediction depends on what the blocks a default setting reduces compute: the x0 change
     (as the bench's, a share of the model's own error) when their change to the image tokens is zero
     (``knocked_out``), at each noise level of ``run``. Below 1, the prediction moves by less than the model's own
-    error when those blocks do nothing at all: the judge cannot rank settings that change what they compute.
-    ``blocks`` names the blocks."""
+    error even when those blocks do nothing at all. ``blocks`` names the blocks."""
     model = tm.trained(layout)
     levels = pack.unet.transformer_downsamples(model) if layout.is_unet else []
     found = {"blocks": f"the transformer blocks at downsample {levels[0]}" if levels else
