@@ -426,9 +426,7 @@ class IdealBlock:
     direct: Callable[[dict], dict] | None = None  # the block itself, as the real row runs it (``direct_block``)
 
     def run(self, args: dict, extra: dict) -> dict:
-        if self.inner is not None:
-            return self.inner(args, extra)
-        return self.direct(args) if self.direct is not None else extra["original_block"](args)
+        return self.scope.block.run_block(self.inner, self.direct, args, extra)
 
     def __call__(self, args: dict, extra: dict) -> dict:
         layout = (args.get("transformer_options") or {}).get(LAYOUT_KEY)

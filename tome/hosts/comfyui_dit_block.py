@@ -492,9 +492,7 @@ class BlockReduction:
     direct: Callable[[dict], dict] | None = None  # the block itself, in place of ``original_block`` (``DirectBlock``)
 
     def run(self, args: dict, extra: dict) -> dict:
-        if self.inner is not None:
-            return self.inner(args, extra)
-        return self.direct(args) if self.direct is not None else extra["original_block"](args)
+        return run_block(self.inner, self.direct, args, extra)
 
     def __call__(self, args: dict, extra: dict) -> dict:
         call = self.decide(args, extra)
@@ -573,6 +571,14 @@ def direct_block(family: str, net: torch.nn.Module, key: BlockKey) -> Callable[[
     blocks itself (``DirectBlock``); ``None`` where the family calls ``original_block``."""
     direct = BLOCK_FAMILIES[family].direct
     return None if direct is None else functools.partial(direct.run, direct.module(net, key), net)
+
+
+def run_block(inner: Callable | None, direct: Callable[[dict], dict] | None, args: dict, extra: dict) -> dict:
+    """What a block replacement runs in the block's place: the replacement another node put there (``inner``),
+    else the block itself where its family runs it (``direct_block``), else ComfyUI's ``original_block``."""
+    if inner is not None:
+        return inner(args, extra)
+    return direct(args) if direct is not None else extra["original_block"](args)
 
 
 def block_keys(model, family: str) -> tuple[BlockKey, ...] | None:
