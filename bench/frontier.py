@@ -1,24 +1,25 @@
-"""The speed-quality frontier of each image DiT family: a forward's speed-up at real width against what the
-setting costs on the family's trained judge, one picture per family.
+"""The speed-quality frontier of each family with a trained judge (SD1.5, SDXL, SD3.5, Flux, Wan): a forward's
+speed-up at real width against what the setting costs on the family's judge, one picture per family.
 
     .venv/bin/python bench/frontier.py                       # every family: its table, and docs/frontier-*.png
     .venv/bin/python bench/frontier.py --family Flux --no-pictures
     .venv/bin/python bench/frontier.py --steps 8 --no-pictures  # the runs of 8 steps (the few-step models' count)
     .venv/bin/python bench/frontier.py --step-count --steps 8  # the settings against the step count, with verdicts
 
-Nothing is measured here: the speed-ups are the committed rows of ``bench/dit_bench.py`` (``bench/records/speed``:
-random weights of the real widths, a 2-core CPU, PyTorch SDPA; each family's from one run on one machine), the
-costs the committed rows of ``bench/quality_bench.py`` (``bench/records/quality``). Each family's picture has two
-panels:
+Nothing is measured here: the speed-ups are the committed rows of ``bench/dit_bench.py`` and, for the U-Nets at
+1024 px, of ``bench/unet_bench.py`` (``bench/records/speed``: random weights of the real widths, a 2-core CPU,
+PyTorch SDPA; each family's from one run on one machine), the costs the committed rows of
+``bench/quality_bench.py`` (``bench/records/quality``). Each family's picture has four panels:
 
 - a forward's speed-up against the x0 change at half the schedule (the README's rule: the fast row is the fastest
   setting whose x0 change is at most 0.25, the line drawn);
-- a 20-step run's speed-up (the forward's, times the block calls a step cache leaves out: core EasyCache alone
-  and stacked with the family's recommended setting) against the PSNR of its samples from noise against the
-  unpatched ones (a step cache changes no single prediction, so only a run of steps can place it). A setting
-  that starts later in the schedule (``start_percent``, "from 0.2") runs its first steps whole: its run's
-  speed-up is ``1 / (start + (1 - start) / s)``, and it is placed on this panel only (at half the schedule it
-  is its whole-schedule twin, the same point of the left panel).
+- three of a 20-step run's speed-up (the forward's, times the block calls a step cache leaves out: core
+  EasyCache alone and stacked with the family's recommended setting, on the DiTs) against a measure of its
+  outputs: its samples' PSNR against the unpatched ones, its img2img PSNR against the photograph, its samples'
+  patch distance to the photographs (a step cache changes no single prediction, so only a run of steps can place
+  it). A setting that starts later in the schedule (``start_percent``, "from 0.2") runs its first steps whole:
+  its run's speed-up is ``1 / (start + (1 - start) / s)``, and it is placed on these panels only (at half the
+  schedule it is its whole-schedule twin, the same point of the first panel).
 
 The unpatched model at fewer steps ("no patch, 10 steps": the quality bench's fewer-steps rows) is what every
 user can already do: a run of N steps of the base 20 is 20 / N times faster. It is drawn as a grey line on each
@@ -42,6 +43,7 @@ matching over steps changes no single prediction: like a step window, it is plac
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from dataclasses import dataclass
@@ -110,12 +112,29 @@ BLOCK = {"ToMe 0.3 block": "tome-0.3-block-skip0-0", "ToMe 0.3 block, all blocks
          "tome-0.5-block-skip0-0", "ToDo 2 block": "todo-2-block-skip0-0"}
 ATTENTION = {"ToDo 2": "todo-2", "ToDo 2 from 0.3": "todo-2", "ToMe 0.3": "tome-0.3-qkv", "ToMe 0.5": "tome-0.5-qkv",
              "ToMe 0.5 k and v only": "tome-0.5-kv"}
+# The U-Nets' settings, by the variant of ``bench/unet_bench.py`` (``--ratio 0.5 --todo 2 3 --scope-grid``) that
+# times them (the ToDo methods take the same time, and a fixed destination is the same merge); a scope at the
+# ``auto`` max_downsample by its level: 1 on SD1.5, 2 on SDXL (whose level 1 has no transformer blocks).
+def _unet(auto: int) -> dict[str, str]:
+    return {"ToMe 0.5": "ours-qkv", "ToMe 0.5 fixed destination": "ours-qkv", "ToMe 0.5 k and v only": "ours-kv",
+            "ToMe 0.5 q only": "ours-q", "core TomePatchModel 0.5": "core", "ToDo 2": "todo-2",
+            "ToDo 2 average": "todo-2", "ToDo 2 from 0.3": "todo-2", "ToDo 3": "todo-3",
+            "ToMe 0.5 self+cross": f"self+cross-ds{auto}", "ToMe 0.5 widest scope": f"all-ds{auto}",
+            "ToMe 0.5 max_downsample 2": "self-ds2", "ToMe 0.5 max_downsample 4": "self-ds4",
+            "ToMe 0.5 self+cross, max_downsample 2": "self+cross-ds2",
+            "ToMe 0.5 widest scope, max_downsample 4": "all-ds4"}
+
+
 FAMILIES = (
+    _family("SD1.5", "sd15-512", "ToDo 2", "sd15-1024px-fp32-sdpa", 0, _unet(1), {}),
+    _family("SDXL", "sdxl-1024", "ToDo 2", "sdxl-1024px-fp32-sdpa", 0, _unet(2), {}),
     _family("SD3.5", "sd35-512", "ToDo 2", "sd35m-1024px-bf16-amx", 24, ATTENTION, BLOCK),
     _family("Flux", "flux-512", "ToDo 2 average", "flux-2d4s-1024px-fp32", 57,
             ATTENTION | {"ToDo 2 average": "todo-2-average"}, BLOCK),
-    _family("Wan", "wan21-512", "ToDo 2", "wan13b-81f-1block-fp32", 30,
-            ATTENTION | {"ToDo 2 time_factor 2": "todo-2-t2"}, BLOCK),
+    # Wan's run timed ToDo's nearest pooling alone; average takes the same time (the U-Nets' rows and Flux's).
+    _family("Wan", "wan21-512", "ToDo 2 average", "wan13b-81f-1block-fp32", 30,
+            ATTENTION | {"ToDo 2 time_factor 2": "todo-2-t2", "ToDo 2 average": "todo-2",
+                         "ToDo 2 average time_factor 2": "todo-2-t2"}, BLOCK),
 )
 # The step cache's rows: EasyCache alone runs every forward at full speed; stacked, at the recommended setting's.
 CACHE_ALONE, CACHE_STACKED = "EasyCache", "EasyCache + ToDo 2 auto"
@@ -150,7 +169,10 @@ def fewer_steps_of(setting: str) -> int | None:
 
 
 def judge_blocks(judge: str) -> int:
-    """The transformer blocks of a DiT judge, in the order the block scope counts them for its skips."""
+    """The transformer blocks of a DiT judge, in the order the block scope counts them for its skips (a U-Net
+    judge: 0, it has no block settings)."""
+    if tm.LAYOUTS[judge].is_unet:
+        return 0
     config = tm.LAYOUTS[judge].config
     if "num_blocks" in config:  # MMDiT
         return config["num_blocks"]
@@ -181,7 +203,7 @@ class Placed:
     forward: float  # speed-up of one forward
     run: float  # speed-up of a 20-step run from noise (the forward's times the calls a step cache leaves out)
     x0_change: float  # at half the schedule
-    sample_psnr: float
+    sample_psnr: float | None  # None: a row of x0 alone (``quality_bench.py --x0-only``), on the first panel only
     estimated: bool  # a block setting's speed taken over its share of blocks
     recommended: bool
     step_cache: bool = False  # changes no single prediction
@@ -211,7 +233,7 @@ def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
         # start_percent counts in: a window from ``start`` runs that share of the steps whole. A run of fewer
         # steps makes fewer block calls: its speed-up is what they leave out.
         run_speed = 1 / (start + (1 - start) / forward) * calls_saved(row)
-        placed.append(Placed(setting, forward, run_speed, row["x0 change 0.5"]["mean"], row["sample PSNR"]["mean"],
+        placed.append(Placed(setting, forward, run_speed, row["x0 change 0.5"]["mean"], mean_of(row, "sample PSNR"),
                              start=start, photo_psnr=mean_of(row, "img2img PSNR to photo"),
                              realism=mean_of(row, "sample patch distance ratio to no patch"), **marks))
 
@@ -282,7 +304,7 @@ def table(family: Family, placed: list[Placed], steps: int = BASE_STEPS) -> str:
                                   beaten is not None)) if on]
         forward = "" if p.fewer_steps else f"{p.forward:.2f}x"
         x0 = "" if p.fewer_steps else f"{p.x0_change:.3f}"
-        out.append(f"| {p.setting} | {forward} | {p.run:.2f}x | {x0} | {p.sample_psnr:.1f} | "
+        out.append(f"| {p.setting} | {forward} | {p.run:.2f}x | {x0} | {optional(p.sample_psnr, 1)} | "
                    f"{optional(p.photo_psnr, 1)} | {optional(p.realism, 2)} | {', '.join(marks)} |")
     return "\n".join(out) + "\n"
 
@@ -328,7 +350,7 @@ def draw(family: Family, placed: list[Placed], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig, axes = plt.subplots(2, 2, figsize=(14, 9))
     fast = fast_choice(placed)
     number = {p.setting: i + 1 for i, p in enumerate(sorted((p for p in placed if not p.fewer_steps),
                                                              key=lambda p: p.run))}
@@ -340,6 +362,7 @@ def draw(family: Family, placed: list[Placed], path: Path) -> None:
                "img2img PSNR against the photograph (dB; the truth)", "speed-up of a 20-step run"),
               (axes[1][1], lambda p: p.realism, lambda p: p.run,
                "sample patch distance to the photographs / no patch's (realism)", "speed-up of a 20-step run"))
+    numbered = {axis: [] for axis, *_ in panels}  # each panel's (x, y, number), labelled once the scales are set
     for axis, x_of, y_of, x_label, y_label in panels:
         steps = sorted((p for p in placed if p.fewer_steps and x_of(p) is not None), key=lambda p: p.run)
         if steps:
@@ -355,8 +378,7 @@ def draw(family: Family, placed: list[Placed], path: Path) -> None:
             marker, size = ("*", 140) if p.recommended else ("D", 60) if p is fast else ("o", 40)
             axis.scatter(x_of(p), y_of(p), s=size, marker=marker, facecolors="none" if p.estimated else colour,
                          edgecolors=colour, zorder=3)
-            axis.annotate(str(number[p.setting]), (x_of(p), y_of(p)), fontsize=7, xytext=(3, 3),
-                          textcoords="offset points")
+            numbered[axis].append((x_of(p), y_of(p), number[p.setting]))
         axis.set_xlabel(x_label, fontsize=8)
         axis.set_ylabel(y_label, fontsize=8)
         axis.grid(alpha=0.3)
@@ -369,13 +391,38 @@ def draw(family: Family, placed: list[Placed], path: Path) -> None:
         axis.invert_xaxis()  # costlier to the right in every panel
     legend = "\n".join(f"{n}  {setting}" for setting, n in sorted(number.items(), key=lambda item: item[1]))
     fig.text(0.995, 0.5, legend, fontsize=7, va="center", ha="right", family="monospace")
+    kinds = ("green: a setting of Apply ToMe, Apply ToDo or the core node" if tm.LAYOUTS[family.judge].is_unet else
+             "green: attention scope; blue: block scope (hollow: timed over its share of blocks); red: a step cache")
     fig.suptitle(f"{family.name}: speed at real width (run {family.run}: a 2-core CPU, random weights) against the "
-                 f"cost on the trained judge {family.judge}\ngreen: attention scope; blue: block scope (hollow: timed "
-                 f"over its share of blocks); red: a step cache; grey: no patch at fewer steps (20 / N times "
+                 f"cost on the trained judge {family.judge}\n{kinds}; grey: no patch at fewer steps (20 / N times "
                  f"faster)\nstar: the README's conservative row; diamond: the fastest under the rule", fontsize=9)
-    fig.tight_layout(rect=(0, 0, 0.80, 1))
+    fig.tight_layout(rect=(0, 0, 0.76, 1))
+    for axis, points in numbered.items():  # once the panels have their final size
+        label_points(axis, points)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def label_points(axis, points: list[tuple[float, float, int]]) -> None:
+    """Each point's number beside it; labels that would be printed over one another become one ("5, 6"), until
+    none overlaps, so that every number can be read."""
+    renderer = axis.figure.canvas.get_renderer()
+    labels = [(axis.annotate(str(number), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points"), [number])
+              for x, y, number in points]
+
+    def overlapping():
+        for (a, _), (b, numbers) in itertools.permutations(labels, 2):
+            if a.get_window_extent(renderer).overlaps(b.get_window_extent(renderer)):
+                return a, b, numbers
+        return None
+
+    while (found := overlapping()) is not None:
+        kept, dropped, numbers = found
+        kept_numbers = next(n for label, n in labels if label is kept)
+        kept_numbers += numbers
+        kept.set_text(", ".join(str(n) for n in sorted(kept_numbers)))
+        dropped.remove()
+        labels = [(label, n) for label, n in labels if label is not dropped]
 
 
 def main(argv=None) -> int:

@@ -3,6 +3,7 @@
     .venv/bin/python bench/quality_bench.py                       # every judge and setting (an hour or more)
     .venv/bin/python bench/quality_bench.py --layout sd15 --smoke  # seconds: one photograph and seed, 2 steps
     .venv/bin/python bench/quality_bench.py --layout sd15-512 --steps 8 --setting none --setting "ToMe 0.5"
+    .venv/bin/python bench/quality_bench.py --layout wan21-512 --x0-only  # (a) alone: every setting in minutes
     .venv/bin/python bench/quality_bench.py --known-orders --layout sd15  # what the measures of quality must show
     .venv/bin/python bench/quality_bench.py --depth                # each block's change of the image tokens
     .venv/bin/python bench/quality_bench.py --sensitivity          # the x0 change with the reduced blocks out
@@ -113,6 +114,16 @@ def one_matching_a_call(**inputs) -> Callable:
 
     return lambda pack, model, layout: with_reuse_blocks(
         pack.dit.apply_tome_dit(model, ratio=0.5, dit_scope=SCOPE_BLOCK, **inputs), EVERY_BLOCK)
+
+
+def token_cache(ratio: float, **caching) -> Callable:
+    """ToMe's block scope at ``ratio`` computing ``1 - ratio`` of the image tokens in each reduced block and giving
+    the rest their own cached change (``tome_harness.token_cache``: no node offers it yet)."""
+    from tome.hosts.comfyui_dit import SCOPE_BLOCK
+    from tome_harness.token_cache import with_token_cache
+
+    return lambda pack, model, layout: with_token_cache(
+        pack.dit.apply_tome_dit(model, ratio=ratio, dit_scope=SCOPE_BLOCK), **caching)
 
 
 def core(ratio: float) -> Callable:
@@ -229,6 +240,7 @@ def settings() -> list[Setting]:
         Setting("ToDo 2 average plain mean", lambda pack, model, layout: pack.dit.apply_todo_dit(
             model, downsample_factor=2, method=AVERAGE, keep_norms=False), dit_only=True),
         Setting("ToDo 2 time_factor 2", todo(2, time_factor=2), video_only=True),
+        Setting("ToDo 2 average time_factor 2", todo(2, method=AVERAGE, time_factor=2), video_only=True),
         Setting("ToDo 2 from 0.3", todo(2, start_percent=0.3)),
         # The block scope (dit_scope block): whole blocks on the reduced image tokens. Its default skips the
         # first and last 2 blocks; "all blocks" skips none, "from 0.2" spares the first fifth of the schedule.
@@ -252,6 +264,13 @@ def settings() -> list[Setting]:
         Setting("ToMe 0.5 block, reuse 4 steps", tome(0.5, dit_scope=SCOPE_BLOCK, reuse_steps=4), dit_only=True),
         Setting("prune 0.5 block", tome(0.5, dit_scope=SCOPE_BLOCK, reduce=PRUNE), dit_only=True),
         Setting("ToDo 2 block", todo(2, dit_scope=SCOPE_BLOCK), dit_only=True),
+        # Token-wise caching (issue 44): the tokens a reduced block does not compute take their own change from
+        # the last step they were computed, not a merged partner's from this one.
+        Setting("token cache 0.5 block", token_cache(0.5), dit_only=True),
+        Setting("token cache 0.5 block, refresh every 4", token_cache(0.5, refresh_every=4), dit_only=True),
+        Setting("token cache 0.5 block, max age 2", token_cache(0.5, max_age=2), dit_only=True),
+        Setting("token cache 0.7 block", token_cache(0.7), dit_only=True),
+        Setting("token cache 0.5 block, combined", token_cache(0.5, combine=True), dit_only=True),
         Setting("ToDo 2 average block", todo(2, method=AVERAGE, dit_scope=SCOPE_BLOCK), dit_only=True),
         # A step cache alone and stacked with the README's DiT setting, for the DiT frontier pictures.
         Setting("EasyCache", easycache(), dit_only=True),
@@ -332,6 +351,7 @@ class Run:
     sample_seeds: tuple[int, ...]
     percents: tuple[float, ...]
     denoises: tuple[float, ...] = DENOISES
+    x0_only: bool = False  # (a) alone: no img2img runs, no samples from noise
 
 
 @dataclass
@@ -379,6 +399,8 @@ def outputs(model, layout: tm.Layout, run: Run) -> dict[str, torch.Tensor]:
         for seed in run.noise_seeds:
             out[f"x0 {percent} {seed}"] = model.model.process_latent_in(predict_x0(model, layout, run.photos,
                                                                                    percent, seed))
+    if run.x0_only:
+        return out
     for denoise in run.denoises:
         for seed in run.noise_seeds:
             out[f"img2img {denoise} {seed}"] = to_pixels(model, sample(model, layout, run.photos, seed, run.steps,
@@ -446,6 +468,8 @@ def measures(run: Run, got: dict, reference: dict, photographs: Photographs) -> 
             changes += (mse(ours, base) / base_error).tolist()
         row[f"x0 error {percent}"] = spread(errors)
         row[f"x0 change {percent}"] = spread(changes)
+    if run.x0_only:
+        return row
     for denoise in run.denoises:
         row.update(img2img_measures(run, got, reference, photographs, denoise))
     row.update(sample_measures(run, got, reference, photographs))
@@ -711,10 +735,10 @@ def markdown(rows: list[dict], percents=tm.EVAL_PERCENTS) -> str:
                 "ran") != calls.get("unpatched") else ""
             cells = [r["setting"] + skipped] + [cell(r[f"x0 error {p}"], 2) for p in percents]
             cells += [cell(r[f"x0 change {p}"], digits) for p in percents]
-            cells += [cell(r["img2img PSNR"], 1) if r["setting"] != "none" else "-",
-                      cell(r["img2img SSIM"], 3) if r["setting"] != "none" else "-",
-                      cell(r["img2img PSNR to photo"], 1),
-                      cell(r["sample PSNR"], 1) if r["setting"] != "none" else "-"]
+            cells += [cell(r[key], digits) if key in r and (against_photo or r["setting"] != "none") else "-"
+                      for key, digits, against_photo in (("img2img PSNR", 1, False), ("img2img SSIM", 3, False),
+                                                         ("img2img PSNR to photo", 1, True),
+                                                         ("sample PSNR", 1, False))]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
         out += quality_table([r for r in rows if r["layout"] == name])
@@ -785,8 +809,9 @@ FINDINGS = (
 
 def finding_cell(finding: Finding, rows: dict[str, dict]) -> str | None:
     """The figures of ``finding``'s settings in one layout's ``rows`` (by setting), and whether the claim holds
-    there; None where the layout lacks one of the settings or one of them did nothing there."""
-    if not all(name in rows for name in finding.settings):
+    there; None where the layout lacks one of the settings or its figure (a run of x0 alone), or one of them did
+    nothing there."""
+    if not all(name in rows and finding.metric in rows[name] for name in finding.settings):
         return None
     if any(rows[name]["x0 change 0.5"]["mean"] == 0 for name in finding.settings):
         return None  # a setting that changes nothing on this judge (the block scope's skips reach every block)
@@ -886,6 +911,9 @@ def main(argv=None) -> int:
                         help="repeatable; default: the committed judges of the real footprint")
     parser.add_argument("--setting", action="append", help="a setting by name (repeatable; default: all)")
     parser.add_argument("--smoke", action="store_true", help="one photograph, one seed, one noise level, 2 steps")
+    parser.add_argument("--x0-only", action="store_true",
+                        help="(a) alone: the x0 predictions, no img2img runs or samples from noise (6 of a "
+                             "setting's 76 model calls at 20 steps; the rows lack those figures)")
     parser.add_argument("--steps", type=int, default=STEPS,
                         help=f"sampling steps of the img2img runs and the samples from noise (default {STEPS})")
     parser.add_argument("--fewer-steps", type=int, nargs="*", metavar="N",
@@ -958,7 +986,7 @@ def main(argv=None) -> int:
         run = Run(steps=steps, photos=tm.to_latent(pixels, layout),
                   noise_seeds=NOISE_SEEDS[:1] if args.smoke else NOISE_SEEDS,
                   sample_seeds=SAMPLE_SEEDS[:1] if args.smoke else SAMPLE_SEEDS,
-                  percents=(0.5,) if args.smoke else tm.EVAL_PERCENTS)
+                  percents=(0.5,) if args.smoke else tm.EVAL_PERCENTS, x0_only=args.x0_only)
         return run, photographs_for(layout, pixels)
 
     if args.sensitivity:

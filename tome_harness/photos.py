@@ -8,13 +8,17 @@ illustrations, not photographs. A fixed set of photographs is held out: no
 model is ever trained on them, and the bench measures on them alone.
 
 Images are ``[3, H, W]`` float tensors in ``[0, 1]``. Video clips are made by
-moving and zooming a crop window smoothly across one photograph: real content,
-real (camera) motion.
+moving a crop window smoothly across one photograph: real content, real (camera)
+motion. Two recipes: ``window`` (a straight line between two random windows:
+the first judges') and ``camera`` (the clips people make from a photograph: a
+pan, a zoom in or out, or parallax, a near layer sliding across the frame
+faster than the background, each a modest move over the clip).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,6 +142,30 @@ class CropSampler:
         """``[n, 3, frames, out, out]``."""
         return torch.stack([self.clip(frames) for _ in range(n)])
 
+    def camera_clip(self, frames: int, motion: str) -> torch.Tensor:
+        """``[3, frames, out, out]``: one ``motion`` (``MOTIONS``) over a random window of a random photograph,
+        its direction and size drawn: a pan of 5 to 25% of the window, a zoom by 0.75 to 1.33, parallax's
+        background a pan of 3 to 12% under a round layer of another photograph moving three times as far."""
+        photo = self.images[int(torch.randint(len(self.images), (), generator=self.generator))]
+        window = self.window(photo)
+        angle = self._uniform(0, 2 * math.pi)
+        if motion == "zoom":
+            return zoom(photo, window, math.exp(self._uniform(math.log(0.75), math.log(4 / 3))), frames, self.out)
+        reach = self._uniform(0.05, 0.25) if motion == "pan" else self._uniform(0.03, 0.12)
+        shift = (reach * math.sin(angle), reach * math.cos(angle))
+        if motion == "pan":
+            return pan(photo, window, shift, frames, self.out)
+        other = self.images[int(torch.randint(len(self.images), (), generator=self.generator))]
+        layer = resized_crop(other, *self.window(other), self.out // 2)
+        centre = (self._uniform(0.3, 0.7), self._uniform(0.3, 0.7))
+        return parallax(photo, window, shift, layer, centre, frames, self.out)
+
+    def camera_clips(self, n: int, frames: int) -> torch.Tensor:
+        """``[n, 3, frames, out, out]``: the motions in turn from a random one, so that a batch of two or more
+        holds more than one kind."""
+        first = int(torch.randint(len(MOTIONS), (), generator=self.generator))
+        return torch.stack([self.camera_clip(frames, MOTIONS[(first + i) % len(MOTIONS)]) for i in range(n)])
+
 
 def pan_zoom(photo: torch.Tensor, start: tuple[float, float, float], end: tuple[float, float, float], frames: int,
              out: int) -> torch.Tensor:
@@ -146,6 +174,58 @@ def pan_zoom(photo: torch.Tensor, start: tuple[float, float, float], end: tuple[
     steps = [i / max(frames - 1, 1) for i in range(frames)]
     windows = [tuple(a + (b - a) * s for a, b in zip(start, end, strict=True)) for s in steps]
     return torch.stack([resized_crop(photo, *w, out) for w in windows], dim=1)
+
+
+MOTIONS = ("pan", "zoom", "parallax")
+
+
+def pan(photo: torch.Tensor, window: tuple[float, float, float], shift: tuple[float, float], frames: int,
+        out: int) -> torch.Tensor:
+    """``[3, frames, out, out]``: ``window`` (top, left, size) moved by ``shift`` (down, right; shares of its
+    size) over the clip."""
+    top, left, size = window
+    return pan_zoom(photo, window, (top + shift[0] * size, left + shift[1] * size, size), frames, out)
+
+
+def zoom(photo: torch.Tensor, window: tuple[float, float, float], factor: float, frames: int,
+         out: int) -> torch.Tensor:
+    """``[3, frames, out, out]``: ``window`` grown by ``factor`` about its centre over the clip (below 1: a zoom
+    in)."""
+    top, left, size = window
+    grow = size * (1 - factor) / 2
+    return pan_zoom(photo, window, (top + grow, left + grow, size * factor), frames, out)
+
+
+def round_mask(side: int) -> torch.Tensor:
+    """``[1, side, side]``: 1 inside a disc of 0.4 ``side``'s radius, falling to 0 over a tenth of ``side``
+    (an object's soft edge)."""
+    coords = (torch.arange(side) + 0.5) / side - 0.5
+    radius = (coords[:, None].square() + coords[None, :].square()).sqrt()
+    return ((0.5 - radius) / 0.1).clamp(0, 1)[None]
+
+
+def parallax(photo: torch.Tensor, window: tuple[float, float, float], shift: tuple[float, float],
+             layer: torch.Tensor, centre: tuple[float, float], frames: int, out: int) -> torch.Tensor:
+    """``[3, frames, out, out]``: ``window`` panned by ``shift`` as in ``pan``, under a round near ``layer``
+    (``[3, s, s]``) whose centre starts at ``centre`` (shares of the frame) and slides three times as far
+    across the frame the other way, as a nearer object does when the camera moves."""
+    background = pan(photo, window, shift, frames, out)
+    side = layer.shape[-1]
+    mask = round_mask(side)
+    clip = background.clone()
+    for i in range(frames):
+        s = i / max(frames - 1, 1)
+        top = round((centre[0] - 3 * shift[0] * s) * out - side / 2)
+        left = round((centre[1] - 3 * shift[1] * s) * out - side / 2)
+        # The layer's part inside the frame.
+        t0, l0, t1, l1 = max(top, 0), max(left, 0), min(top + side, out), min(left + side, out)
+        if t1 <= t0 or l1 <= l0:
+            continue
+        patch = (slice(t0 - top, t1 - top), slice(l0 - left, l1 - left))
+        alpha = mask[:, patch[0], patch[1]]
+        frame = clip[:, i, t0:t1, l0:l1]
+        clip[:, i, t0:t1, l0:l1] = frame * (1 - alpha) + layer[:, patch[0], patch[1]] * alpha
+    return clip
 
 
 def held_out_images(out: int) -> torch.Tensor:
@@ -164,3 +244,27 @@ def held_out_clips(out: int, frames: int) -> torch.Tensor:
         end = ((h - size) / 2 + size * 0.1, (w - size) / 2 + size * 0.05, size * 0.8)
         clips.append(pan_zoom(photo, start, end, frames, out))
     return torch.stack(clips)
+
+
+def held_out_camera_clips(out: int, frames: int) -> torch.Tensor:
+    """``[len(HELD_OUT), 3, frames, out, out]``: the ``camera`` recipe's motions over the held-out photographs'
+    centred squares, fixed: ``LadyBird`` the slow pan and zoom-in of ``held_out_clips``, ``Storm`` a pan of 15%
+    to the right, ``chelsea`` a zoom out from 80% of the square to all of it, ``coffee`` parallax (a pan of 8%
+    down and left under a round layer of ``LadyBird``, never trained on either)."""
+    squares = {}
+    for name in HELD_OUT:
+        photo = load(name, long_side_for(out))
+        _, h, w = photo.shape
+        size = min(h, w)
+        squares[name] = photo, ((h - size) / 2, (w - size) / 2, size)
+    ladybird = held_out_clips(out, frames)[HELD_OUT.index("LadyBird")]
+    storm, square = squares["Storm"]
+    chelsea, (top, left, size) = squares["chelsea"]
+    coffee, coffee_square = squares["coffee"]
+    layer = center_crop(squares["LadyBird"][0], out // 2)
+    clips = {"LadyBird": ladybird,
+             "Storm": pan(storm, (square[0], square[1], square[2] * 0.85), (0.0, 0.15), frames, out),
+             "chelsea": zoom(chelsea, (top + size * 0.1, left + size * 0.1, size * 0.8), 1.25, frames, out),
+             "coffee": parallax(coffee, (coffee_square[0], coffee_square[1] + coffee_square[2] * 0.08,
+                                         coffee_square[2] * 0.9), (0.08, -0.08), layer, (0.45, 0.45), frames, out)}
+    return torch.stack([clips[name] for name in HELD_OUT])

@@ -71,6 +71,7 @@ class Layout:
     seed: int = 0
     patch_map: bool = False  # the latent is the patch map's components (pixel_factor 8), not space-to-depth
     bf16: bool = False  # trained under bf16 autocast (master weights in fp32); always measured in fp32
+    clips: str = "window"  # a video model's clips, trained and held out: ``photos``' ``window`` or ``camera``
     extra: dict = field(default_factory=dict)
 
     @property
@@ -153,8 +154,10 @@ REAL_FOOTPRINT = (
     # Flux: 3 double-stream and 6 single-stream blocks (Flux: 19 and 38).
     _real(_small["flux"], 64, dict(_small["flux"].config, depth=3, depth_single_blocks=6), steps=1500, batch=4,
           lr=5e-4),
-    # Wan 2.1: 6 blocks, 5 latent frames of 32x32 tokens (5120 tokens).
-    _real(_small["wan21"], 64, dict(_small["wan21"].config, num_layers=6), steps=360, batch=2, lr=5e-4),
+    # Wan 2.1: 6 blocks, 5 latent frames of 32x32 tokens (5120 tokens), on the clips people make (pans, zooms,
+    # parallax).
+    _real(_small["wan21"], 64, dict(_small["wan21"].config, num_layers=6), steps=1500, batch=2, lr=5e-4,
+          clips="camera"),
 )
 GENERATIONS = {"real footprint": tuple(layout.name for layout in REAL_FOOTPRINT),
                "small": tuple(layout.name for layout in SMALL)}
@@ -363,7 +366,8 @@ def held_out_pixels(layout: Layout) -> torch.Tensor:
     from . import photos
 
     if layout.frames:
-        return photos.held_out_clips(layout.pixels, layout.frames)
+        held_out = photos.held_out_camera_clips if layout.clips == "camera" else photos.held_out_clips
+        return held_out(layout.pixels, layout.frames)
     return photos.held_out_images(layout.pixels)
 
 
@@ -373,7 +377,8 @@ def held_out_latents(layout: Layout) -> torch.Tensor:
 
 def training_batch(sampler, layout: Layout) -> torch.Tensor:
     if layout.frames:
-        return to_latent(sampler.clips(layout.batch, layout.frames), layout)
+        clips = sampler.camera_clips if layout.clips == "camera" else sampler.clips
+        return to_latent(clips(layout.batch, layout.frames), layout)
     return to_latent(sampler.batch(layout.batch), layout)
 
 

@@ -119,7 +119,7 @@ def pooling_method(patched) -> str:
 
 
 @pytest.mark.parametrize(("name", "method"), [
-    ("sd15", "nearest"), ("sd3", "nearest"), ("flux", "average"), ("chroma", "average"), ("wan21", "nearest"),
+    ("sd15", "nearest"), ("sd3", "nearest"), ("flux", "average"), ("chroma", "average"), ("wan21", "average"),
     ("qwen_image", "average"), ("ltxv", "average")])
 def test_method_auto_is_the_default_and_picks_the_familys_cheaper_pooling(pack, sd15, name, method):
     """``auto`` (the default) picks per family what docs/QUALITY.md measured cheaper; a method a saved workflow

@@ -44,8 +44,8 @@ AUTO = "auto"
 METHOD_CHOICES = (AUTO, *METHODS)
 AUTO_METHODS = (
     # (who, families, method, why)
-    ("SD1.x, SD2.x, SDXL, SD3.5, Wan 2.x", (None, SD3, WAN, WAN_ANIMATE, WAN_S2V, WAN_HUMO), NEAREST, "measured"),
-    ("Flux, Flux 2, Chroma", (FLUX,), AVERAGE, "measured"),
+    ("SD1.x, SD2.x, SDXL, SD3.5", (None, SD3), NEAREST, "measured"),
+    ("Flux, Flux 2, Chroma, Wan 2.x", (FLUX, WAN, WAN_ANIMATE, WAN_S2V, WAN_HUMO), AVERAGE, "measured"),
     ("Qwen-Image, Lumina 2 / Z-Image, HiDream, HunyuanVideo, LTX-Video, Cosmos, Mochi",
      (QWEN_IMAGE, LUMINA2, HIDREAM, HUNYUAN_VIDEO, LTXV, COSMOS, COSMOS1, MOCHI), AVERAGE,
      "no trained model: the choice whose measured worst case is mildest"),
