@@ -45,16 +45,23 @@ def with_reuse_blocks(model, reuse_blocks: int):
     """A clone of ``model`` (Apply ToMe at the block scope) whose matchings each serve ``reuse_blocks`` consecutive
     blocks of a model call. A model whose Apply ToMe reduces no block (skips that leave none: the node then puts
     nothing on it) is returned as it is."""
-    host = pack_module("tome.hosts.comfyui")
     if reuse_blocks < 1:
         raise ValueError(f"reuse_blocks must be 1 or more, not {reuse_blocks}")
+    return with_scope_subclass(model, reusing_scope_class, reuse_blocks=reuse_blocks)
+
+
+def with_scope_subclass(model, subclass, **added):
+    """A clone of ``model`` (Apply ToMe at the block scope) whose block scope is ``subclass(type(scope))`` (a
+    harness's subclass of the pack's ``BlockScope``), made from the scope's own fields and ``added``. A model
+    whose Apply ToMe reduces no block is returned as it is."""
+    host = pack_module("tome.hosts.comfyui")
     wrappers = model.get_wrappers(host.APPLY_MODEL, host.WRAPPER_KEY)
     scope = wrappers[0].blocks if wrappers else None
     if scope is None or scope.tome is None:
         return model
     fields = {field.name: getattr(scope, field.name) for field in dataclasses.fields(scope)}
-    reusing = reusing_scope_class(type(scope))(**fields | {"reuse_blocks": reuse_blocks})
     patched = model.clone()
     patched.remove_wrappers_with_key(host.APPLY_MODEL, host.WRAPPER_KEY)
-    patched.add_wrapper_with_key(host.APPLY_MODEL, host.WRAPPER_KEY, dataclasses.replace(wrappers[0], blocks=reusing))
+    patched.add_wrapper_with_key(host.APPLY_MODEL, host.WRAPPER_KEY,
+                                 dataclasses.replace(wrappers[0], blocks=subclass(type(scope))(**fields | added)))
     return patched

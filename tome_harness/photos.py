@@ -94,11 +94,16 @@ def resized_crop(image: torch.Tensor, top: float, left: float, size: float, out:
     return resized[0].clamp(0, 1)
 
 
+def centred_square(photo: torch.Tensor) -> tuple[float, float, float]:
+    """The window ``(top, left, size)`` of ``photo``'s largest centred square."""
+    _, h, w = photo.shape
+    size = min(h, w)
+    return (h - size) / 2, (w - size) / 2, size
+
+
 def center_crop(image: torch.Tensor, out: int) -> torch.Tensor:
     """The largest centred square of ``image``, resampled to ``out x out``: one held-out test image."""
-    _, h, w = image.shape
-    size = min(h, w)
-    return resized_crop(image, (h - size) / 2, (w - size) / 2, size, out)
+    return resized_crop(image, *centred_square(image), out)
 
 
 @dataclass
@@ -235,15 +240,13 @@ def held_out_images(out: int) -> torch.Tensor:
 
 def held_out_clips(out: int, frames: int) -> torch.Tensor:
     """``[len(HELD_OUT), 3, frames, out, out]``: a fixed slow pan and zoom-in over each held-out photograph."""
-    clips = []
-    for name in HELD_OUT:
-        photo = load(name, long_side_for(out))
-        _, h, w = photo.shape
-        size = min(h, w)
-        start = ((h - size) / 2, (w - size) / 2, size)
-        end = ((h - size) / 2 + size * 0.1, (w - size) / 2 + size * 0.05, size * 0.8)
-        clips.append(pan_zoom(photo, start, end, frames, out))
-    return torch.stack(clips)
+    return torch.stack([slow_pan_zoom(load(name, long_side_for(out)), frames, out) for name in HELD_OUT])
+
+
+def slow_pan_zoom(photo: torch.Tensor, frames: int, out: int) -> torch.Tensor:
+    """``[3, frames, out, out]``: from ``photo``'s centred square, 10% down, 5% right and in to 80% of it."""
+    top, left, size = centred_square(photo)
+    return pan_zoom(photo, (top, left, size), (top + size * 0.1, left + size * 0.05, size * 0.8), frames, out)
 
 
 def held_out_camera_clips(out: int, frames: int) -> torch.Tensor:
@@ -251,18 +254,12 @@ def held_out_camera_clips(out: int, frames: int) -> torch.Tensor:
     centred squares, fixed: ``LadyBird`` the slow pan and zoom-in of ``held_out_clips``, ``Storm`` a pan of 15%
     to the right, ``chelsea`` a zoom out from 80% of the square to all of it, ``coffee`` parallax (a pan of 8%
     down and left under a round layer of ``LadyBird``, never trained on either)."""
-    squares = {}
-    for name in HELD_OUT:
-        photo = load(name, long_side_for(out))
-        _, h, w = photo.shape
-        size = min(h, w)
-        squares[name] = photo, ((h - size) / 2, (w - size) / 2, size)
-    ladybird = held_out_clips(out, frames)[HELD_OUT.index("LadyBird")]
-    storm, square = squares["Storm"]
-    chelsea, (top, left, size) = squares["chelsea"]
-    coffee, coffee_square = squares["coffee"]
-    layer = center_crop(squares["LadyBird"][0], out // 2)
-    clips = {"LadyBird": ladybird,
+    taken = {name: load(name, long_side_for(out)) for name in HELD_OUT}
+    storm, chelsea, coffee = taken["Storm"], taken["chelsea"], taken["coffee"]
+    square, coffee_square = centred_square(storm), centred_square(coffee)
+    top, left, size = centred_square(chelsea)
+    layer = center_crop(taken["LadyBird"], out // 2)
+    clips = {"LadyBird": slow_pan_zoom(taken["LadyBird"], frames, out),
              "Storm": pan(storm, (square[0], square[1], square[2] * 0.85), (0.0, 0.15), frames, out),
              "chelsea": zoom(chelsea, (top + size * 0.1, left + size * 0.1, size * 0.8), 1.25, frames, out),
              "coffee": parallax(coffee, (coffee_square[0], coffee_square[1] + coffee_square[2] * 0.08,

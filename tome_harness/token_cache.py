@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tome_harness.comfyui import pack_module
+from tome_harness.block_reuse import with_scope_subclass
 
 # The caches of each sampling run, dropped with it: (block, image shape, device, batch of conds) -> TokenCache.
 _RUN_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -119,8 +119,8 @@ class Selection:
             guess = old.change.gather(1, at) + moved.gather(1, self.partner[..., None].expand(-1, -1, x.shape[-1]))
             change = change.scatter(1, at, guess)
         inputs = (self.image if old is None else old.input).scatter(1, rows, self.image.gather(1, rows))
-        steps = torch.zeros(self.index.shape[0], self.image.shape[1], dtype=torch.long, device=x.device)
-        steps = (steps if old is None else old.step).scatter(1, self.index, self.step)
+        steps = (torch.zeros(self.index.shape[0], self.image.shape[1], dtype=torch.long, device=x.device)
+                 if old is None else old.step).scatter(1, self.index, self.step)
         self.slot[self.key] = TokenCache(change, inputs, steps)
         return change
 
@@ -170,18 +170,8 @@ def with_token_cache(model, full_steps: int = 2, refresh_every: int = 0, max_age
     """A clone of ``model`` (Apply ToMe at the block scope) whose reduced blocks compute ``1 - ratio`` of the
     image tokens and give the rest their own cached change (``combine``: plus their nearest computed token's
     move since). A model whose Apply ToMe reduces no block is returned as it is."""
-    host = pack_module("tome.hosts.comfyui")
     if full_steps < 1 or refresh_every < 0 or max_age < 1:
         raise ValueError(f"full_steps and max_age must be 1 or more and refresh_every 0 or more, not {full_steps}, "
                          f"{max_age} and {refresh_every}")
-    wrappers = model.get_wrappers(host.APPLY_MODEL, host.WRAPPER_KEY)
-    scope = wrappers[0].blocks if wrappers else None
-    if scope is None or scope.tome is None:
-        return model
-    fields = {field.name: getattr(scope, field.name) for field in dataclasses.fields(scope)}
-    caching = caching_scope_class(type(scope))(**fields | {"full_steps": full_steps, "refresh_every": refresh_every,
-                                                           "max_age": max_age, "combine": combine})
-    patched = model.clone()
-    patched.remove_wrappers_with_key(host.APPLY_MODEL, host.WRAPPER_KEY)
-    patched.add_wrapper_with_key(host.APPLY_MODEL, host.WRAPPER_KEY, dataclasses.replace(wrappers[0], blocks=caching))
-    return patched
+    return with_scope_subclass(model, caching_scope_class, full_steps=full_steps, refresh_every=refresh_every,
+                               max_age=max_age, combine=combine)
