@@ -27,7 +27,9 @@ run panel, on each measure: beside the samples' PSNR against the unpatched ones 
 against the photograph (the truth) and the samples' patch distance to the held-out photographs over the
 unpatched samples' (realism; rows measured since issue 42 only). The rule's second half: a setting is
 recommended only where no run with fewer steps at the same or a higher speed beats it on the quality measures
-(``beaten_by``: at least as near the photograph and as real, and better on one of them).
+(``beaten_by``: at least as near the photograph and as real, and better on one of them). A setting measured
+by its x0 change alone (``quality_bench.py --x0-only``) has no quality measure to hold against the step count:
+it is unjudged, and the rule passes it over.
 
 A block setting with skips is measured on the judge with its skips, but timed at real width on every block: its
 speed-up is the every-block one over the share of blocks the setting reduced on the judge (a block's share of
@@ -218,6 +220,11 @@ class Placed:
         """Placed by its run alone: the rule and the x0 panel leave it out."""
         return self.step_cache or self.start > 0 or self.reuse_steps > 1 or self.fewer_steps
 
+    @property
+    def judged(self) -> bool:
+        """Has a quality measure to hold against the step count (a row of x0 alone has none)."""
+        return self.photo_psnr is not None or self.realism is not None
+
 
 def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
     """Every point of ``family`` that both benches have measured, and the step cache's rows."""
@@ -279,9 +286,10 @@ def beaten_by(point: Placed, placed: list[Placed]) -> Placed | None:
 
 def fast_choice(placed: list[Placed]) -> Placed | None:
     """The README's rule on these points: the fastest forward whose x0 change is at most ``FAST_RULE`` (step
-    caches and windows aside: at half the schedule a cache changes nothing and a window is its twin) and that no
-    run with fewer steps beats (``beaten_by``)."""
-    eligible = [p for p in placed if not p.run_only and p.x0_change <= FAST_RULE and beaten_by(p, placed) is None]
+    caches and windows aside: at half the schedule a cache changes nothing and a window is its twin), measured
+    by a quality measure, and that no run with fewer steps beats (``beaten_by``)."""
+    eligible = [p for p in placed if not p.run_only and p.judged and p.x0_change <= FAST_RULE
+                and beaten_by(p, placed) is None]
     return max(eligible, key=lambda p: p.forward, default=None)
 
 
@@ -300,6 +308,7 @@ def table(family: Family, placed: list[Placed], steps: int = BASE_STEPS) -> str:
                                  (f"its first {p.start:.0%} of the steps whole", p.start > 0),
                                  ("at 50% its twin: placed by its run", p.reuse_steps > 1),
                                  ("the step count, the baseline", p.fewer_steps),
+                                 ("x0 alone: unjudged against the step count", not p.judged),
                                  (f"beaten by {beaten.setting.removeprefix(FEWER_STEPS)}" if beaten else "",
                                   beaten is not None)) if on]
         forward = "" if p.fewer_steps else f"{p.forward:.2f}x"

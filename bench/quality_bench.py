@@ -521,36 +521,52 @@ def known_orders(layout: tm.Layout, run: Run, photographs: Photographs) -> dict[
 
 # Why a setting costs what it costs.
 
-def attention_locality(model, layout: tm.Layout, latents: torch.Tensor) -> dict[str, float]:
+def attention_locality(model, layout: tm.Layout, latents: torch.Tensor, side: int) -> dict[str, float]:
     """How local the model's image self-attention is, over one x0 prediction at half the schedule: the
     attention mass a query puts on its own key and on its 3x3 neighbourhood (a video's first frame), averaged
     over queries, heads, photographs and the calls whose queries and keys end with the image (every DiT layout
-    measured here: the image is the last tokens of each sequence that holds it). ToDo's ``nearest`` keeps one
-    key in four: it costs most where this mass is high."""
-    patch = layout.config["patch_size"]
-    side = layout.size // (patch[-1] if isinstance(patch, (tuple, list)) else patch)
+    measured here: the image is the last tokens of each sequence that holds it; on a U-Net the self-attention
+    of the level of ``side`` x ``side`` tokens). ToDo's ``nearest`` keeps one key in four: it costs most where
+    this mass is high. Beside it, how much the attention's output differs between the image queries: the share
+    of its energy off its mean over them. Near 0, every query gets the same average of the values, which
+    merging keeps: no setting can move such a layer."""
     n_image, frames = side * side, max(layout.frames, 1)
     rows, cols = torch.arange(n_image) // side, torch.arange(n_image) % side
     near = ((rows[:, None] - rows).abs() <= 1) & ((cols[:, None] - cols).abs() <= 1)
-    masses = []
+    masses, spreads = [], []
 
     def heads_major(t, heads, skip_reshape):
         return t if skip_reshape else t.reshape(*t.shape[:2], heads, -1).transpose(1, 2)
 
     def recorder(func, q, k, v, heads, *args, **kwargs):
         q_, k_ = (heads_major(t, heads, kwargs.get("skip_reshape", False)) for t in (q, k))
-        if q_.shape[2] == k_.shape[2] >= n_image * frames:  # self-attention over the image
+        if q_.shape[2] == k_.shape[2] >= n_image * frames and (not layout.is_unet or q_.shape[2] == n_image):
             start = q_.shape[2] - n_image * frames
             scores = q_[:, :, start:start + n_image] @ k_.transpose(-1, -2) / q_.shape[-1] ** 0.5
             image = scores.float().softmax(-1)[..., start:start + n_image]
             masses.append((float(image.diagonal(dim1=-2, dim2=-1).mean()), float((image * near).sum(-1).mean())))
+            out = func(q, k, v, heads, *args, **kwargs)
+            tokens = -2 if kwargs.get("skip_output_reshape", False) else 1
+            own = out.narrow(tokens, start, n_image).float()
+            spreads.append(float((own - own.mean(tokens, keepdim=True)).square().sum() / own.square().sum()))
+            return out
         return func(q, k, v, heads, *args, **kwargs)
 
     recording = model.clone()
     recording.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = recorder
     predict_x0(recording, layout, latents, 0.5, seed=0)
     return {"own key": statistics.fmean(m[0] for m in masses), "3x3": statistics.fmean(m[1] for m in masses),
-            "uniform 3x3": 9 / (n_image * frames), "calls": len(masses)}
+            "uniform 3x3": 9 / (n_image * frames), "output off its mean": statistics.fmean(spreads),
+            "calls": len(masses)}
+
+
+def image_side(model, layout: tm.Layout, pack) -> int:
+    """The side of the token grid the pack reduces: a DiT's patches, a U-Net's level that Apply ToMe's and
+    Apply ToDo's ``auto`` reach (``pack.unet.transformer_downsamples``)."""
+    if layout.is_unet:
+        return layout.size // pack.unet.transformer_downsamples(model)[0]
+    patch = layout.config["patch_size"]
+    return layout.size // (patch[-1] if isinstance(patch, (tuple, list)) else patch)
 
 
 # Each transformer block class the trained models use: where its image tokens come in (from the call's positional
@@ -927,7 +943,8 @@ def main(argv=None) -> int:
                              "later run of some settings: a row of the same judge and setting is replaced)")
     parser.add_argument("--picture", type=Path, help="also draw the README's picture here (PNG)")
     parser.add_argument("--locality", action="store_true",
-                        help="instead: how local each DiT's image self-attention is (what ToDo nearest costs)")
+                        help="instead: how local each judge's image self-attention is (what ToDo nearest costs; on a "
+                             "U-Net at the level the pack reduces)")
     parser.add_argument("--known-orders", action="store_true",
                         help="instead: on each judge, the patch distance of its samples, its untrained twin's and a "
                              "blur of its samples to the held-out photographs, and their detail")
@@ -961,10 +978,13 @@ def main(argv=None) -> int:
     chosen = [s for s in candidates if (args.setting is None or s.name in args.setting) and s.min_steps <= steps]
     layouts = [tm.LAYOUTS[name] for name in args.layout or tm.committed(tm.GENERATIONS["real footprint"])]
     if args.locality:
-        print("| model | attention on the own key | on the 3x3 neighbourhood | 3x3 if uniform |\n|---|---|---|---|")
-        for layout in (layout for layout in layouts if not layout.is_unet):
-            found = attention_locality(tm.trained(layout), layout, tm.held_out_latents(layout))
-            print(f"| {layout.name} | {found['own key']:.3f} | {found['3x3']:.3f} | {found['uniform 3x3']:.3f} |")
+        print("| model | attention on the own key | on the 3x3 neighbourhood | 3x3 if uniform | output's energy off "
+              "its mean over the queries |\n|---|---|---|---|---|")
+        for layout in layouts:
+            model = tm.trained(layout)
+            found = attention_locality(model, layout, tm.held_out_latents(layout), image_side(model, layout, Pack))
+            print(f"| {layout.name} | {found['own key']:.3f} | {found['3x3']:.4f} | {found['uniform 3x3']:.4f} | "
+                  f"{found['output off its mean']:.4f} |")
         return 0
     if args.redundancy:
         print("| model | footprint | variance lost, latent tokens | variance lost, pixel patches |\n|---|---|---|---|")
