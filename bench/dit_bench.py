@@ -76,7 +76,12 @@ they run, text included where it comes apart (Flux's double blocks, SD3, Qwen-Im
 hold it), counted in the warm-up forward (the Markdown runs them together: ``4608 (2), 2560 (4)``); a block
 row and its ideal twin give the same counts. ``--reuse-blocks N``: also ``tome-R-block-skipF-L-reuseN``, ToMe
 with one matching for N consecutive blocks of a model call (``tome_harness.block_reuse``, no node offers it:
-docs/DITS.md "A matching reused"), beside its twin without it, whose ideal it reads. With a few of a model's blocks
+docs/DITS.md "A matching reused"), beside its twin without it, whose ideal it reads. ``--token-cache``: also
+``tokencache-R-block-skipF-L``, token-wise caching (``tome_harness.token_cache``, no node offers it: docs/DITS.md
+"Token-wise caching"), timed as it runs past its whole steps: each call is the fourth step of one sampling run
+(``TOKEN_CACHE_SCHEDULE``), its cache filled by one forward before the warm-up, so that its blocks compute the
+``1 - R`` of the image tokens it selects and give the rest their cached change; beside its ToMe twin, whose
+ideal it reads (as many tokens computed, at no cost of selecting them). With a few of a model's blocks
 (``--blocks``, ``--flux-blocks``) the skipped ones weigh more than in the whole model: there ``0:0`` is the
 reduced blocks' speed-up x, and the whole model's with S of its K blocks skipped is about
 1 / (S/K + (1 - S/K)/x).
@@ -114,6 +119,7 @@ from tome_harness import comfyui as comfyui_host
 from tome_harness import dit_models, machine
 from tome_harness.block_reuse import with_reuse_blocks
 from tome_harness.comfyui import ROOT
+from tome_harness.token_cache import with_token_cache
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -305,7 +311,8 @@ def build(case: Case, dtype: torch.dtype, device: torch.device):
 
 
 def variants(dit, model, ratios, merges=("qkv", "kv"), time_factor=None, average=False,
-             scopes=(SCOPE_ATTENTION,), block_factors=(2,), skips=((0, 0), (2, 2)), reuse_blocks=()) -> dict:
+             scopes=(SCOPE_ATTENTION,), block_factors=(2,), skips=((0, 0), (2, 2)), reuse_blocks=(),
+             token_cache=False) -> dict:
     """The models to time, by name: ``none``, the attention scope's rows (``scopes`` holding it), then the block
     scope's, each followed by its ideal twin (``scopes`` holding it; see the module docstring)."""
     out = {"none": model}
@@ -320,7 +327,7 @@ def variants(dit, model, ratios, merges=("qkv", "kv"), time_factor=None, average
                 out[f"tome-{ratio}-{merge}"] = dit.apply_tome_dit(model, ratio=ratio,
                                                                   merge={"qkv": MERGE_QKV, "kv": MERGE_KV}[merge])
     if SCOPE_BLOCK in scopes:
-        out.update(block_variants(dit, model, ratios, block_factors, skips, reuse_blocks))
+        out.update(block_variants(dit, model, ratios, block_factors, skips, reuse_blocks, token_cache))
     return out
 
 
@@ -335,11 +342,12 @@ def block_module(dit):
     return scope_module(dit, "comfyui_dit_block")
 
 
-def block_variants(dit, model, ratios, factors, skips, reuse_blocks=()) -> dict:
+def block_variants(dit, model, ratios, factors, skips, reuse_blocks=(), token_cache=False) -> dict:
     """``dit_scope`` ``block``: ToMe at each ratio and ToDo at each factor, for each ``(first, last)`` of
     ``skips``, each followed by its ideal twin, then ToMe with each of ``reuse_blocks`` (one matching for that
-    many blocks: ``...-reuseN``, whose ideal is its twin's without it); none for a model the block scope does not
-    reach."""
+    many blocks: ``...-reuseN``, whose ideal is its twin's without it) and, with ``token_cache``, token-wise
+    caching at each ratio (``tokencache-...``, whose ideal is its ToMe twin's); none for a model the block scope
+    does not reach."""
     family = dit.dit_family(model)
     if family not in block_module(dit).BLOCK_FAMILIES:
         print(f"dit_bench: {type(model.model).__name__} has no block scope: no block rows", file=sys.stderr)
@@ -355,10 +363,33 @@ def block_variants(dit, model, ratios, factors, skips, reuse_blocks=()) -> dict:
             out[name], out[f"ideal-{name}"] = real, ideal_twin(dit, model, real, family)
         out.update({f"tome-{ratio}-block-skip{first}-{last}-reuse{n}": with_reuse_blocks(
             reals[f"tome-{ratio}-block-skip{first}-{last}"], n) for ratio in ratios for n in reuse_blocks})
+        if token_cache:
+            out.update({f"tokencache-{ratio}-block-skip{first}-{last}": in_a_sampling_run(with_token_cache(
+                reals[f"tome-{ratio}-block-skip{first}-{last}"])) for ratio in ratios})
         if not block_module(dit).chosen_blocks(block_module(dit).block_keys(model, family), first, last):
             print(f"dit_bench: --skips {first}:{last} leaves none of this model's blocks reduced: its block rows "
                   "run as no patch does", file=sys.stderr)
     return out
+
+
+# A token cache's calls are this run's fourth step (``make_inputs``' sigma is 0.7): past its whole steps.
+TOKEN_CACHE_SCHEDULE = torch.tensor([1.0, 0.9, 0.8, 0.7, 0.0])
+
+
+def in_a_sampling_run(model):
+    """``model`` (a fresh clone) with every call in one sampling run whose schedule is ``TOKEN_CACHE_SCHEDULE``,
+    as the sampler's wrapper would give it: the run (``SamplingRun``, which holds the token caches) lives as long
+    as the model's options, and each forward copies them shallowly (``forward``)."""
+    host = comfyui_host.pack_module("tome.hosts.comfyui")
+    options = model.model_options["transformer_options"]
+    options[host.RUN_KEY], options["sample_sigmas"] = host.SamplingRun(), TOKEN_CACHE_SCHEDULE
+    return model
+
+
+def ideal_of(name: str) -> str:
+    """A block row's ideal twin: its own, or its ToMe twin's for a reused matching and a token cache (as many
+    tokens computed)."""
+    return "ideal-" + name.split("-reuse")[0].replace("tokencache-", "tome-", 1)
 
 
 # The block scope's ideal: the blocks the real row reduces, run on as many image tokens at no cost of reduction.
@@ -622,9 +653,12 @@ def run_case(dit, case: Case, args, device, first: bool) -> list[dict]:
     model = build(case, dtype, device)
     inputs = make_inputs(case, dtype, device)
     models = variants(dit, model, args.ratio, args.merge, args.time_factor, args.average, args.scope,
-                      args.block_factor, args.skips, args.reuse_blocks)
+                      args.block_factor, args.skips, args.reuse_blocks, args.token_cache)
     if not args.repeats and first:  # the first forward of a process pays one-time costs: not in the timed ones
         forward(model, inputs, device)
+    for name, m in models.items():
+        if name.startswith("tokencache-"):  # its cache filled: every later call selects and reuses
+            forward(m, inputs, device)
     distance, peaks, shares, costs, traced, matching, blocks = {}, {}, {}, {}, {}, {}, {}
     for name, m in models.items():  # warm-up, self-attention share, output distance, peak memory, block tokens
         traced_out = traced_forward(m, inputs, device, dit)
@@ -645,7 +679,7 @@ def run_case(dit, case: Case, args, device, first: bool) -> list[dict]:
     rows = []
     speed_up = {name: min(times["none"]) / min(times[name]) for name in models}
     for name in models:
-        twin = f"ideal-{name.split('-reuse')[0]}"  # a block row's ideal (a reuse row reads its twin's)
+        twin = ideal_of(name)
         if name.startswith("ideal-"):  # the block scope's ideal: its own speed-up
             scope, ideal = "ideal", speed_up[name]
         elif twin in models:  # a block row: its ideal twin's measured speed-up
@@ -735,6 +769,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--reuse-blocks", type=int, nargs="*", default=[],
                         help="--scope block: also ToMe with one matching for this many consecutive blocks "
                              "(reuse_blocks; each beside its twin without it and that twin's ideal)")
+    parser.add_argument("--token-cache", action="store_true",
+                        help="--scope block: also token-wise caching at each --ratio (beside its ToMe twin and that "
+                             "twin's ideal)")
     parser.add_argument("--merge", nargs="+", choices=["qkv", "kv"], default=["qkv", "kv"],
                         help="ToMe: what is merged (q, k and v, or k and v only)")
     parser.add_argument("--time-factor", type=int, help="also ToDo 2 pooling this many frames (video models)")

@@ -19,7 +19,11 @@ PyTorch SDPA; each family's from one run on one machine), the costs the committe
   patch distance to the photographs (a step cache changes no single prediction, so only a run of steps can place
   it). A setting that starts later in the schedule (``start_percent``, "from 0.2") runs its first steps whole:
   its run's speed-up is ``1 / (start + (1 - start) / s)``, and it is placed on these panels only (at half the
-  schedule it is its whole-schedule twin, the same point of the first panel).
+  schedule it is its whole-schedule twin, the same point of the first panel). So is a token cache
+  (``tome_harness.token_cache``): its whole steps (the first 2, and every refresh) at 1x, the rest at the speed of
+  a forward past them; a single prediction outside a run it leaves whole. It is timed in a run of its own
+  (``dit_bench.py --token-cache``, maybe on another machine than its family's: the table says so), beside its
+  ToMe twin, which is the fair comparison of the two.
 
 The unpatched model at fewer steps ("no patch, 10 steps": the quality bench's fewer-steps rows) is what every
 user can already do: a run of N steps of the base 20 is 20 / N times faster. It is drawn as a grey line on each
@@ -56,6 +60,7 @@ from tome_harness import trained_models as tm
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "bench" / "records"
 FAST_RULE = 0.25  # the README's rule: the fast row's x0 change at half the schedule is at most this
+BASE_STEPS = 20  # the quality bench's runs; a row without its steps is of such a run
 DEFAULT_SKIPS = (2, 2)  # the block scope's skip_first_blocks and skip_last_blocks
 
 
@@ -66,9 +71,10 @@ class Point:
     setting: str  # the quality bench's name
     variant: str  # the speed bench's variant, in its family's run
     skips: tuple[int, int] | None = None  # a block setting's skips on the judge (None: not a block setting)
-    start: float = 0.0  # its start_percent: the share of a run's steps it leaves whole
+    start: float = 0.0  # the share of a run's steps it leaves whole: its start_percent, a token cache's whole steps
     one_matching: bool = False  # one matching serves every block of a model call (reuse_blocks)
     reuse_steps: int = 1  # a block's matching serves this many steps
+    record: str | None = None  # the speed bench's run that timed it, where not its family's
 
 
 @dataclass(frozen=True)
@@ -86,16 +92,20 @@ class Family:
 
 
 def _family(name: str, judge: str, recommended: str, run: str, depth: int, attention: dict[str, str],
-            block: dict[str, str]) -> Family:
+            block: dict[str, str], token_cache: str | None = None) -> Family:
     """Every point timed in the speed bench's ``run``. ``attention``: setting -> its variant, timed as it runs;
     ``block``: setting -> the every-block variant of a block setting, placed with the skips its name says (the
     default where it names none) and the reuse of a matching it names; each with the start its name says
-    ("from 0.2"; else 0)."""
+    ("from 0.2"; else 0). ``token_cache``: the run that timed the token cache, whose settings (``TOKEN_CACHE``)
+    are placed with the default skips and their whole steps as a window's."""
     points = [Point(setting, variant, start=start_of(setting)) for setting, variant in attention.items()]
     for setting, variant in block.items():
         skips = (0, 0) if "all blocks" in setting else (1, 1) if "skip 1:1" in setting else DEFAULT_SKIPS
         steps = int(setting.split("reuse ")[1].split()[0]) if "reuse " in setting else 1
         points.append(Point(setting, variant, skips, start_of(setting), "one matching a call" in setting, steps))
+    if token_cache is not None:
+        points += [Point(setting, variant, DEFAULT_SKIPS, whole / BASE_STEPS, record=token_cache)
+                   for setting, (variant, whole) in TOKEN_CACHE.items()]
     return Family(name, judge, recommended, run, depth, tuple(points))
 
 
@@ -112,6 +122,13 @@ BLOCK = {"ToMe 0.3 block": "tome-0.3-block-skip0-0", "ToMe 0.3 block, all blocks
          "ToMe 0.5 block, skip 1:1, one matching a call": "tome-0.5-block-skip0-0",
          "ToMe 0.5 block, reuse 2 steps": "tome-0.5-block-skip0-0", "ToMe 0.5 block, reuse 4 steps":
          "tome-0.5-block-skip0-0", "ToDo 2 block": "todo-2-block-skip0-0"}
+# The token cache's settings (``tome_harness.token_cache``): the variant timing a step past its whole steps, and
+# how many of a 20-step run's steps it runs whole (the first 2; "refresh every 4": steps 4, 8, 12 and 16 too).
+# "combined" is not timed: its pairing of every reused token with a computed one is a cost of its own.
+TOKEN_CACHE = {"token cache 0.5 block": ("tokencache-0.5-block-skip0-0", 2),
+               "token cache 0.5 block, max age 2": ("tokencache-0.5-block-skip0-0", 2),
+               "token cache 0.5 block, refresh every 4": ("tokencache-0.5-block-skip0-0", 6),
+               "token cache 0.7 block": ("tokencache-0.7-block-skip0-0", 2)}
 ATTENTION = {"ToDo 2": "todo-2", "ToDo 2 from 0.3": "todo-2", "ToMe 0.3": "tome-0.3-qkv", "ToMe 0.5": "tome-0.5-qkv",
              "ToMe 0.5 k and v only": "tome-0.5-kv"}
 # The U-Nets' settings, by the variant of ``bench/unet_bench.py`` (``--ratio 0.5 --todo 2 3 --scope-grid``) that
@@ -130,13 +147,15 @@ def _unet(auto: int) -> dict[str, str]:
 FAMILIES = (
     _family("SD1.5", "sd15-512", "ToDo 2", "sd15-1024px-fp32-sdpa", 0, _unet(1), {}),
     _family("SDXL", "sdxl-1024", "ToDo 2", "sdxl-1024px-fp32-sdpa", 0, _unet(2), {}),
-    _family("SD3.5", "sd35-512", "ToDo 2", "sd35m-1024px-bf16-amx", 24, ATTENTION, BLOCK),
+    _family("SD3.5", "sd35-512", "ToDo 2", "sd35m-1024px-bf16-amx", 24, ATTENTION, BLOCK,
+            "sd35m-1024px-bf16-epyc-token-cache"),
     _family("Flux", "flux-512", "ToDo 2 average", "flux-2d4s-1024px-fp32", 57,
-            ATTENTION | {"ToDo 2 average": "todo-2-average"}, BLOCK),
+            ATTENTION | {"ToDo 2 average": "todo-2-average"}, BLOCK, "flux-1d2s-1024px-fp32-epyc-token-cache"),
     # Wan's run timed ToDo's nearest pooling alone; average takes the same time (the U-Nets' rows and Flux's).
     _family("Wan", "wan21-512", "ToDo 2 average", "wan13b-81f-1block-fp32", 30,
             ATTENTION | {"ToDo 2 time_factor 2": "todo-2-t2", "ToDo 2 average": "todo-2",
-                         "ToDo 2 average time_factor 2": "todo-2-t2"}, BLOCK),
+                         "ToDo 2 average time_factor 2": "todo-2-t2"}, BLOCK,
+            "wan13b-81f-1block-fp32-epyc-token-cache"),
 )
 # The step cache's rows: EasyCache alone runs every forward at full speed; stacked, at the recommended setting's.
 CACHE_ALONE, CACHE_STACKED = "EasyCache", "EasyCache + ToDo 2 auto"
@@ -146,9 +165,6 @@ def speed_rows() -> dict[str, dict[str, dict]]:
     """Every committed speed row, by run (a record of ``bench/records/speed``, by its name), then variant."""
     return {path.stem: {row["variant"]: row for row in json.loads(path.read_text())["rows"]}
             for path in sorted((RECORDS / "speed").glob("*.json"))}
-
-
-BASE_STEPS = 20  # the quality bench's runs; a row without its steps is of such a run
 
 
 def quality_rows(steps: int = BASE_STEPS) -> dict[tuple[str, str], dict]:
@@ -214,6 +230,7 @@ class Placed:
     fewer_steps: bool = False  # the unpatched model at fewer steps: the baseline every user has
     photo_psnr: float | None = None  # img2img PSNR against the photograph (dB)
     realism: float | None = None  # the samples' patch distance to the photographs over the unpatched samples'
+    own_run: bool = False  # timed in a speed run of its own (``Point.record``), not its family's
 
     @property
     def run_only(self) -> bool:
@@ -228,7 +245,7 @@ class Placed:
 
 def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
     """Every point of ``family`` that both benches have measured, and the step cache's rows."""
-    blocks, run = judge_blocks(family.judge), speeds.get(family.run, {})
+    blocks = judge_blocks(family.judge)
     placed = []
 
     def calls_saved(row: dict) -> float:
@@ -246,17 +263,18 @@ def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
 
     by_setting = {point.setting: point for point in family.points}
     for point in family.points:
-        row = costs.get((family.judge, point.setting))
+        row, run = costs.get((family.judge, point.setting)), speeds.get(point.record or family.run, {})
         if row is None or point.variant not in run:
             continue
         add(point.setting, row, forward_speed(point, run, blocks, family.depth), point.start,
             estimated=point.skips not in (None, (0, 0)), recommended=point.setting == family.recommended,
-            reuse_steps=point.reuse_steps)
+            reuse_steps=point.reuse_steps, own_run=point.record is not None)
     for setting, under in ((CACHE_ALONE, None), (CACHE_STACKED, family.recommended)):
         row = costs.get((family.judge, setting))
         if row is None or (under is not None and under not in by_setting):
             continue
-        forward = 1.0 if under is None else forward_speed(by_setting[under], run, blocks, family.depth)
+        forward = 1.0 if under is None else forward_speed(by_setting[under], speeds.get(family.run, {}), blocks,
+                                                          family.depth)
         add(setting, row, forward, estimated=False, recommended=False, step_cache=True)
     for (judge, setting), row in sorted(costs.items()):
         if judge == family.judge and fewer_steps_of(setting) is not None:
@@ -305,8 +323,9 @@ def table(family: Family, placed: list[Placed], steps: int = BASE_STEPS) -> str:
         beaten = None if p.fewer_steps else beaten_by(p, placed)
         marks = [m for m, on in (("conservative row", p.recommended), ("fastest under the rule", p is fast),
                                  ("speed over its share of blocks", p.estimated),
-                                 (f"its first {p.start:.0%} of the steps whole", p.start > 0),
+                                 (f"{p.start:.0%} of the steps whole", p.start > 0),
                                  ("at 50% its twin: placed by its run", p.reuse_steps > 1),
+                                 ("timed in a run of its own", p.own_run),
                                  ("the step count, the baseline", p.fewer_steps),
                                  ("x0 alone: unjudged against the step count", not p.judged),
                                  (f"beaten by {beaten.setting.removeprefix(FEWER_STEPS)}" if beaten else "",

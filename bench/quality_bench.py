@@ -126,6 +126,16 @@ def token_cache(ratio: float, **caching) -> Callable:
         pack.dit.apply_tome_dit(model, ratio=ratio, dit_scope=SCOPE_BLOCK), **caching)
 
 
+def proportional_attention(ratio: float) -> Callable:
+    """ToMe's block scope at ``ratio`` with each merged image key weighed by the tokens it stands for
+    (``tome_harness.proportional_attention``: no node offers it)."""
+    from tome.hosts.comfyui_dit import SCOPE_BLOCK
+    from tome_harness.proportional_attention import with_proportional_attention
+
+    return lambda pack, model, layout: with_proportional_attention(
+        pack.dit.apply_tome_dit(model, ratio=ratio, dit_scope=SCOPE_BLOCK))
+
+
 def core(ratio: float) -> Callable:
     return lambda pack, model, layout: pack.nodes_module.NODE_CLASS_MAPPINGS["TomePatchModel"].execute(
         model, ratio=ratio).result[0]
@@ -271,6 +281,8 @@ def settings() -> list[Setting]:
         Setting("token cache 0.5 block, max age 2", token_cache(0.5, max_age=2), dit_only=True),
         Setting("token cache 0.7 block", token_cache(0.7), dit_only=True),
         Setting("token cache 0.5 block, combined", token_cache(0.5, combine=True), dit_only=True),
+        # The merged tokens' share of attention (issue 44): ToMe's proportional attention at the block scope.
+        Setting("ToMe 0.5 block, proportional attention", proportional_attention(0.5), dit_only=True),
         Setting("ToDo 2 average block", todo(2, method=AVERAGE, dit_scope=SCOPE_BLOCK), dit_only=True),
         # A step cache alone and stacked with the README's DiT setting, for the DiT frontier pictures.
         Setting("EasyCache", easycache(), dit_only=True),

@@ -247,6 +247,23 @@ def test_dit_bench_reuse_rows_run_on_their_twins_tokens_and_read_its_ideal(pack)
     assert reused["matching share"] > 0 and reused["relative distance"] != twin["relative distance"]  # reused
 
 
+def test_dit_bench_token_cache_rows_compute_their_twins_count_past_the_whole_steps_and_read_its_ideal(pack):
+    """The token cache timed as it runs after its whole steps: its blocks run on as many tokens as its ToMe twin
+    leaves (the tokens it selects, text included where it comes apart), its output is not the unpatched one
+    (the rest took their cached change), and its ideal is the twin's."""
+    bench = load_bench("dit_bench")
+    args = bench.parse_args(["--model", "tiny", "--blocks", "5", "--scope", "block", "--block-factor", "--skips",
+                             "0:0", "--token-cache", "--dtype", "fp32", "--repeats", "0"])
+    (case,) = [case for case in bench.cases_of(args) if case.name == "tiny-flux-5blocks"]
+    by_name = {row["variant"]: row for row in bench.run_case(pack.dit, case, args, torch.device("cpu"), first=True)}
+    assert list(by_name) == ["none", "tome-0.5-block-skip0-0", "ideal-tome-0.5-block-skip0-0",
+                             "tokencache-0.5-block-skip0-0"]
+    cached, twin = by_name["tokencache-0.5-block-skip0-0"], by_name["tome-0.5-block-skip0-0"]
+    assert cached["scope"] == "block" and cached["ideal"] == by_name["ideal-tome-0.5-block-skip0-0"]["speed-up"]
+    assert cached["block tokens"] == twin["block tokens"] != by_name["none"]["block tokens"]
+    assert cached["relative distance"] > 0
+
+
 def test_dit_bench_block_rows_reach_sd3_qwen_image_lumina_and_hidream_and_skip_the_rest(pack):
     """The text beside the image in each block: 7 tokens (SD3, Qwen-Image), padded to 8 (the Z-Image variant of
     Lumina 2), T5's 7 and the LLM's 3 twice (HiDream, whose blocks were swapped for the bench's forwards)."""

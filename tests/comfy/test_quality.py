@@ -257,8 +257,8 @@ def test_no_node_default_is_its_dearest_measured_choice_on_a_trained_family(pack
 
 def test_every_frontier_point_names_a_committed_speed_row_and_a_quality_bench_setting(comfy_nodes):
     """``bench/frontier.py`` draws from committed rows only: each point it places must name a variant the speed
-    records hold and a setting the quality bench runs on the family's judge, and each family's recommended
-    setting is placed; the DiTs' step cache rows are judged too."""
+    records hold (its family's run, or the run of its own it names) and a setting the quality bench runs on the
+    family's judge, and each family's recommended setting is placed; the DiTs' step cache rows are judged too."""
     frontier, bench = load_bench("frontier"), load_bench("quality_bench")
     speeds, costs = frontier.speed_rows(), frontier.quality_rows()
     assert {tm.LAYOUTS[family.judge].is_unet for family in frontier.FAMILIES} == {True, False}
@@ -266,7 +266,7 @@ def test_every_frontier_point_names_a_committed_speed_row_and_a_quality_bench_se
         judged = {s.name for s in bench.settings() if s.applies_to(tm.LAYOUTS[family.judge])}
         assert tm.LAYOUTS[family.judge].is_unet or {frontier.CACHE_ALONE, frontier.CACHE_STACKED} <= judged
         for point in family.points:
-            assert point.variant in speeds[family.run], (family.name, point)
+            assert point.variant in speeds[point.record or family.run], (family.name, point)
             assert point.setting in judged, (family.name, point.setting)
         placed = {p.setting: p for p in frontier.place(family, speeds, costs)}
         assert placed[family.recommended].recommended
@@ -309,6 +309,27 @@ def test_a_step_window_runs_its_first_steps_whole_and_is_placed_by_its_run_alone
     assert placed["ToDo 2 from 0.3"].forward == pytest.approx(2.5)
     assert placed["ToDo 2 from 0.3"].run == pytest.approx(1 / (0.3 + 0.7 / 2.5))
     assert placed["ToDo 2"].run == pytest.approx(2.5)
+    assert frontier.fast_choice(list(placed.values())).setting == "ToDo 2"
+
+
+def test_a_token_cache_is_timed_in_its_own_run_and_placed_by_its_run_with_its_whole_steps():
+    """A token cache's speed comes from its own record (``dit_bench --token-cache``), over the judge's share of
+    blocks at the default skips; its whole steps (2 of 20; "refresh every 4": 6) run at 1x; at half the schedule
+    it changes nothing, so the rule passes it over."""
+    frontier = load_bench("frontier")
+    speeds = {"m": {"v": {"speed-up": 1.5, "matching share": 0.0}},
+              "m-cache": {"tokencache-0.5-block-skip0-0": {"speed-up": 2.0, "matching share": 0.0}}}
+    family = frontier._family("F", "flux-512", "ToDo 2", "m", 57, {"ToDo 2": "v"}, {}, "m-cache")
+    row = {"x0 change 0.5": {"mean": 0.0}, "img2img PSNR to photo": {"mean": 19.0}}
+    costs = {("flux-512", "token cache 0.5 block"): row, ("flux-512", "token cache 0.5 block, refresh every 4"): row,
+             ("flux-512", "ToDo 2"): dict(row, **{"x0 change 0.5": {"mean": 0.1}})}
+    placed = {p.setting: p for p in frontier.place(family, speeds, costs)}
+    forward = 1 / (4 / 9 + 5 / 9 / 2.0)  # flux-512's 9 blocks, 5 reduced at the default skips
+    assert placed["token cache 0.5 block"].forward == pytest.approx(forward)
+    assert placed["token cache 0.5 block"].run == pytest.approx(1 / (0.1 + 0.9 / forward))
+    assert placed["token cache 0.5 block, refresh every 4"].run == pytest.approx(1 / (0.3 + 0.7 / forward))
+    assert placed["token cache 0.5 block"].run_only and placed["token cache 0.5 block"].estimated
+    assert placed["token cache 0.5 block"].own_run and not placed["ToDo 2"].own_run
     assert frontier.fast_choice(list(placed.values())).setting == "ToDo 2"
 
 
