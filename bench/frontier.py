@@ -245,7 +245,7 @@ class Placed:
 
 def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
     """Every point of ``family`` that both benches have measured, and the step cache's rows."""
-    blocks = judge_blocks(family.judge)
+    blocks, family_run = judge_blocks(family.judge), speeds.get(family.run, {})
     placed = []
 
     def calls_saved(row: dict) -> float:
@@ -263,7 +263,8 @@ def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
 
     by_setting = {point.setting: point for point in family.points}
     for point in family.points:
-        row, run = costs.get((family.judge, point.setting)), speeds.get(point.record or family.run, {})
+        row = costs.get((family.judge, point.setting))
+        run = family_run if point.record is None else speeds.get(point.record, {})
         if row is None or point.variant not in run:
             continue
         add(point.setting, row, forward_speed(point, run, blocks, family.depth), point.start,
@@ -273,8 +274,7 @@ def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
         row = costs.get((family.judge, setting))
         if row is None or (under is not None and under not in by_setting):
             continue
-        forward = 1.0 if under is None else forward_speed(by_setting[under], speeds.get(family.run, {}), blocks,
-                                                          family.depth)
+        forward = 1.0 if under is None else forward_speed(by_setting[under], family_run, blocks, family.depth)
         add(setting, row, forward, estimated=False, recommended=False, step_cache=True)
     for (judge, setting), row in sorted(costs.items()):
         if judge == family.judge and fewer_steps_of(setting) is not None:

@@ -56,8 +56,10 @@ class MergedSizes:
 @dataclass(frozen=True)
 class ProportionalAttention:
     """The override adding ``MergedSizes.bias`` to the self-attentions of a merged block; ``inner``: the override
-    that was on the model (called instead of ``func``)."""
+    that was on the model (called instead of ``func``); ``layout_key``: where the block scope keeps the call's
+    layout (``None`` while a merged block runs)."""
 
+    layout_key: str
     inner: Callable | None = None
 
     def __call__(self, func, *args, **kwargs):
@@ -65,7 +67,7 @@ class ProportionalAttention:
         options = kwargs.get("transformer_options") or {}
         sizes = options.get(SIZES_KEY)
         has_mask = len(args) > 4 or kwargs.get("mask") is not None  # func(q, k, v, heads, mask, ...)
-        if sizes is None or options.get(pack_module("tome.hosts.dit_settings").LAYOUT_KEY) is not None \
+        if sizes is None or options.get(self.layout_key) is not None \
                 or has_mask or len(args) < 3:  # heads by keyword: SD3's and Wan's calls
             return attention(*args, **kwargs)
         q, k = args[:2]
@@ -106,6 +108,6 @@ def with_proportional_attention(model):
     if patched is model:
         return model
     options = patched.model_options.setdefault("transformer_options", {})
-    key = pack_module("tome.hosts.dit_settings").OVERRIDE_KEY
-    options[key] = ProportionalAttention(inner=options.get(key))
+    settings = pack_module("tome.hosts.dit_settings")
+    options[settings.OVERRIDE_KEY] = ProportionalAttention(settings.LAYOUT_KEY, options.get(settings.OVERRIDE_KEY))
     return patched

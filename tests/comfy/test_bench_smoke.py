@@ -233,12 +233,18 @@ def test_dit_bench_block_rows_run_on_the_reduced_tokens_beside_their_ideal(pack,
     json.dumps(rows)
 
 
-def test_dit_bench_reuse_rows_run_on_their_twins_tokens_and_read_its_ideal(pack):
+def tiny_block_rows(pack, *flags: str) -> dict[str, dict]:
+    """``dit_bench``'s rows, by variant, of the tiny 5-block Flux at the block scope, ToMe 0.5 on every block and
+    ``flags`` added."""
     bench = load_bench("dit_bench")
     args = bench.parse_args(["--model", "tiny", "--blocks", "5", "--scope", "block", "--block-factor", "--skips",
-                             "0:0", "--reuse-blocks", "5", "--dtype", "fp32", "--repeats", "0"])
+                             "0:0", *flags, "--dtype", "fp32", "--repeats", "0"])
     (case,) = [case for case in bench.cases_of(args) if case.name == "tiny-flux-5blocks"]
-    by_name = {row["variant"]: row for row in bench.run_case(pack.dit, case, args, torch.device("cpu"), first=True)}
+    return {row["variant"]: row for row in bench.run_case(pack.dit, case, args, torch.device("cpu"), first=True)}
+
+
+def test_dit_bench_reuse_rows_run_on_their_twins_tokens_and_read_its_ideal(pack):
+    by_name = tiny_block_rows(pack, "--reuse-blocks", "5")
     assert list(by_name) == ["none", "tome-0.5-block-skip0-0", "ideal-tome-0.5-block-skip0-0",
                              "tome-0.5-block-skip0-0-reuse5"]
     reused, twin = by_name["tome-0.5-block-skip0-0-reuse5"], by_name["tome-0.5-block-skip0-0"]
@@ -251,11 +257,7 @@ def test_dit_bench_token_cache_rows_compute_their_twins_count_past_the_whole_ste
     """The token cache timed as it runs after its whole steps: its blocks run on as many tokens as its ToMe twin
     leaves (the tokens it selects, text included where it comes apart), its output is not the unpatched one
     (the rest took their cached change), and its ideal is the twin's."""
-    bench = load_bench("dit_bench")
-    args = bench.parse_args(["--model", "tiny", "--blocks", "5", "--scope", "block", "--block-factor", "--skips",
-                             "0:0", "--token-cache", "--dtype", "fp32", "--repeats", "0"])
-    (case,) = [case for case in bench.cases_of(args) if case.name == "tiny-flux-5blocks"]
-    by_name = {row["variant"]: row for row in bench.run_case(pack.dit, case, args, torch.device("cpu"), first=True)}
+    by_name = tiny_block_rows(pack, "--token-cache")
     assert list(by_name) == ["none", "tome-0.5-block-skip0-0", "ideal-tome-0.5-block-skip0-0",
                              "tokencache-0.5-block-skip0-0"]
     cached, twin = by_name["tokencache-0.5-block-skip0-0"], by_name["tome-0.5-block-skip0-0"]

@@ -32,16 +32,16 @@ def test_a_merged_key_of_s_identical_tokens_draws_what_the_s_tokens_would_togeth
     options = {pack.dit.LAYOUT_KEY: None, SIZES_KEY: MergedSizes(sizes.float().log(), {6: 2})}
     k, v = torch.cat([text, image], 1), torch.cat([v_text, v_image], 1)
     repeated = [torch.cat([t, i.repeat_interleave(sizes[0], dim=1)], 1) for t, i in ((text, image), (v_text, v_image))]
+    override = ProportionalAttention(pack.dit.LAYOUT_KEY)
     for heads in ((1,), ()):  # Flux hands heads by position, SD3 and Wan by keyword
-        weighed = ProportionalAttention()(attention, q, k, v, *heads, transformer_options=options,
-                                          **({} if heads else {"heads": 1}))
+        weighed = override(attention, q, k, v, *heads, transformer_options=options, **({} if heads else {"heads": 1}))
         torch.testing.assert_close(weighed, attention(q, *repeated, 1))
 
     for q_other, kwargs in ((q[:, :5], {}), (q, {"mask": torch.zeros(1, 1, 1, 6)})):
-        plain = attention(q_other, k[:, :q_other.shape[1]], v[:, :q_other.shape[1]], 1, **kwargs)
-        torch.testing.assert_close(ProportionalAttention()(attention, q_other, k[:, :q_other.shape[1]],
-                                                           v[:, :q_other.shape[1]], 1, transformer_options=options,
-                                                           **kwargs), plain)
+        n = q_other.shape[1]
+        plain = attention(q_other, k[:, :n], v[:, :n], 1, **kwargs)
+        torch.testing.assert_close(override(attention, q_other, k[:, :n], v[:, :n], 1, transformer_options=options,
+                                            **kwargs), plain)
 
 
 @pytest.mark.parametrize("family, latent", [("flux", (1, 16, 10, 12)), ("sd3", (1, 16, 10, 12)),
