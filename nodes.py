@@ -135,7 +135,8 @@ class ApplyToMeAdvanced(io.ComfyNode):
             node_id="ApplyToMeAdvanced", display_name="Apply ToMe (Token Merging, Advanced)", category=CATEGORY,
             **search_aliases(TOME_ALIASES),
             description=TOME_DESCRIPTION + (" The advanced node adds the seed, the merge mode, a sampling window, "
-                                            "the modules merged (scope) and reuse of a matching across steps."),
+                                            "the modules merged (scope), reuse of a matching across steps, and "
+                                            "on DiTs the block scope and its token cache."),
             inputs=[
                 *tome_inputs(),
                 io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=False,
@@ -164,18 +165,33 @@ class ApplyToMeAdvanced(io.ComfyNode):
                                      "dit_scope 'attention' every attention call matches afresh (ignored, with a "
                                      "warning)."),
                 *dit_scope_inputs("merged", "its merged token's change (matched on the block's input)"),
+                io.Boolean.Input("token_cache", default=False, optional=True,
+                                 tooltip="DiTs at dit_scope 'block': instead of merging, each reduced block "
+                                         "computes 1 - ratio of each frame's image tokens (those whose input moved "
+                                         "most since they were last computed, a change 4 steps old first) and "
+                                         "every other token keeps its own change from the last step it was "
+                                         "computed (token-wise caching, as ToCa). The first 2 steps compute "
+                                         "every token. Faster than merging at the same ratio and much nearer the "
+                                         "unpatched run, but fewer steps at the same speed still beat it on the "
+                                         "judges, so no recommended setting uses it (docs/DITS.md \"Token-wise "
+                                         "caching\"). Memory: each reduced block keeps 2 x tokens x width values "
+                                         "per batch of conds for the run (Flux at 1024 px, bf16: about 50 MB a "
+                                         "block). Strides, seed, use_rand and reuse_steps have no meaning with "
+                                         "it. No meaning at dit_scope 'attention' or on U-Nets."),
             ],
             outputs=[io.Model.Output()])
 
     @classmethod
     def execute(cls, model, ratio, stride_x, stride_y, max_downsample, seed, use_rand, merge, start_percent,
                 end_percent, scope=SCOPE_SELF, reuse_steps=1, dit_scope=SCOPE_ATTENTION,
-                skip_first_blocks=SKIP_FIRST_BLOCKS, skip_last_blocks=SKIP_LAST_BLOCKS) -> io.NodeOutput:
+                skip_first_blocks=SKIP_FIRST_BLOCKS, skip_last_blocks=SKIP_LAST_BLOCKS,
+                token_cache=False) -> io.NodeOutput:
         return io.NodeOutput(apply_tome(model, ratio=ratio, stride_x=stride_x, stride_y=stride_y,
                                         max_downsample=max_downsample, seed=seed, use_rand=use_rand, merge=merge,
                                         start_percent=start_percent, end_percent=end_percent, scope=scope,
                                         reuse_steps=reuse_steps, dit_scope=dit_scope,
-                                        skip_first_blocks=skip_first_blocks, skip_last_blocks=skip_last_blocks))
+                                        skip_first_blocks=skip_first_blocks, skip_last_blocks=skip_last_blocks,
+                                        token_cache=token_cache))
 
 
 class ApplyToDo(io.ComfyNode):

@@ -77,7 +77,7 @@ hold it), counted in the warm-up forward (the Markdown runs them together: ``460
 row and its ideal twin give the same counts. ``--reuse-blocks N``: also ``tome-R-block-skipF-L-reuseN``, ToMe
 with one matching for N consecutive blocks of a model call (``tome_harness.block_reuse``, no node offers it:
 docs/DITS.md "A matching reused"), beside its twin without it, whose ideal it reads. ``--token-cache``: also
-``tokencache-R-block-skipF-L``, token-wise caching (``tome_harness.token_cache``, no node offers it: docs/DITS.md
+``tokencache-R-block-skipF-L``, token-wise caching (Apply ToMe (Advanced)'s ``token_cache``: docs/DITS.md
 "Token-wise caching"), timed as it runs past its whole steps: each call is the fourth step of one sampling run
 (``TOKEN_CACHE_SCHEDULE``), its cache filled by one forward before the warm-up, so that its blocks compute the
 ``1 - R`` of the image tokens it selects and give the rest their cached change; beside its ToMe twin, whose
@@ -119,7 +119,6 @@ from tome_harness import comfyui as comfyui_host
 from tome_harness import dit_models, machine
 from tome_harness.block_reuse import with_reuse_blocks
 from tome_harness.comfyui import ROOT
-from tome_harness.token_cache import with_token_cache
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -364,8 +363,9 @@ def block_variants(dit, model, ratios, factors, skips, reuse_blocks=(), token_ca
         out.update({f"tome-{ratio}-block-skip{first}-{last}-reuse{n}": with_reuse_blocks(
             reals[f"tome-{ratio}-block-skip{first}-{last}"], n) for ratio in ratios for n in reuse_blocks})
         if token_cache:
-            out.update({f"tokencache-{ratio}-block-skip{first}-{last}": in_a_sampling_run(with_token_cache(
-                reals[f"tome-{ratio}-block-skip{first}-{last}"])) for ratio in ratios})
+            caching = scope_module(dit, "dit_settings").TokenCaching()
+            out.update({f"tokencache-{ratio}-block-skip{first}-{last}": in_a_sampling_run(dit.apply_tome_dit(
+                model, ratio=ratio, token_cache=caching, **skip)) for ratio in ratios})
         if not block_module(dit).chosen_blocks(block_module(dit).block_keys(model, family), first, last):
             print(f"dit_bench: --skips {first}:{last} leaves none of this model's blocks reduced: its block rows "
                   "run as no patch does", file=sys.stderr)

@@ -19,8 +19,8 @@ PyTorch SDPA; each family's from one run on one machine), the costs the committe
   patch distance to the photographs (a step cache changes no single prediction, so only a run of steps can place
   it). A setting that starts later in the schedule (``start_percent``, "from 0.2") runs its first steps whole:
   its run's speed-up is ``1 / (start + (1 - start) / s)``, and it is placed on these panels only (at half the
-  schedule it is its whole-schedule twin, the same point of the first panel). So is a token cache
-  (``tome_harness.token_cache``): its whole steps (the first 2, and every refresh) at 1x, the rest at the speed of
+  schedule it is its whole-schedule twin, the same point of the first panel). So is a token cache (Apply ToMe
+  (Advanced)'s ``token_cache``): its whole steps (the first 2, and every refresh) at 1x, the rest at the speed of
   a forward past them; a single prediction outside a run it leaves whole. It is timed in a run of its own
   (``dit_bench.py --token-cache``, maybe on another machine than its family's: the table says so), beside its
   ToMe twin, which is the fair comparison of the two.
@@ -122,7 +122,7 @@ BLOCK = {"ToMe 0.3 block": "tome-0.3-block-skip0-0", "ToMe 0.3 block, all blocks
          "ToMe 0.5 block, skip 1:1, one matching a call": "tome-0.5-block-skip0-0",
          "ToMe 0.5 block, reuse 2 steps": "tome-0.5-block-skip0-0", "ToMe 0.5 block, reuse 4 steps":
          "tome-0.5-block-skip0-0", "ToDo 2 block": "todo-2-block-skip0-0"}
-# The token cache's settings (``tome_harness.token_cache``): the variant timing a step past its whole steps, and
+# The token cache's settings (``TokenCaching``): the variant timing a step past its whole steps, and
 # how many of a 20-step run's steps it runs whole (the first 2; "refresh every 4": steps 4, 8, 12 and 16 too).
 # "combined" is not timed: its pairing of every reused token with a computed one is a cost of its own.
 TOKEN_CACHE = {"token cache 0.5 block": ("tokencache-0.5-block-skip0-0", 2),

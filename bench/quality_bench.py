@@ -118,12 +118,12 @@ def one_matching_a_call(**inputs) -> Callable:
 
 def token_cache(ratio: float, **caching) -> Callable:
     """ToMe's block scope at ``ratio`` computing ``1 - ratio`` of the image tokens in each reduced block and giving
-    the rest their own cached change (``tome_harness.token_cache``: no node offers it yet)."""
+    the rest their own cached change (Apply ToMe (Advanced)'s ``token_cache``; ``caching``: ``TokenCaching``'s
+    fields, which the node leaves at their defaults)."""
     from tome.hosts.comfyui_dit import SCOPE_BLOCK
-    from tome_harness.token_cache import with_token_cache
 
-    return lambda pack, model, layout: with_token_cache(
-        pack.dit.apply_tome_dit(model, ratio=ratio, dit_scope=SCOPE_BLOCK), **caching)
+    return lambda pack, model, layout: pack.dit.apply_tome_dit(
+        model, ratio=ratio, dit_scope=SCOPE_BLOCK, token_cache=pack.dit.TokenCaching(**caching))
 
 
 def proportional_attention(ratio: float) -> Callable:
@@ -280,7 +280,6 @@ def settings() -> list[Setting]:
         Setting("token cache 0.5 block, refresh every 4", token_cache(0.5, refresh_every=4), dit_only=True),
         Setting("token cache 0.5 block, max age 2", token_cache(0.5, max_age=2), dit_only=True),
         Setting("token cache 0.7 block", token_cache(0.7), dit_only=True),
-        Setting("token cache 0.5 block, combined", token_cache(0.5, combine=True), dit_only=True),
         # The merged tokens' share of attention (issue 44): ToMe's proportional attention at the block scope.
         Setting("ToMe 0.5 block, proportional attention", proportional_attention(0.5), dit_only=True),
         Setting("ToDo 2 average block", todo(2, method=AVERAGE, dit_scope=SCOPE_BLOCK), dit_only=True),

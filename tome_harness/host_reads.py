@@ -128,6 +128,8 @@ NODES = {
     "Apply ToMe": ("tome", {"ratio": 0.5}),
     "Apply ToMe (Advanced)": ("tome", {"ratio": 0.5, "start_percent": 0.0, "end_percent": 0.7, "reuse_steps": 2,
                                        "scope": "self-attention, cross-attention and MLP"}),
+    "Apply ToMe (token cache)": ("tome", {"ratio": 0.5, "dit_scope": "block", "skip_first_blocks": 0,
+                                          "skip_last_blocks": 0, "token_cache": True}),
     "Apply ToDo": ("todo", {"downsample_factor": 2, "method": "nearest"}),
     "Apply ToDo (average)": ("todo", {"downsample_factor": 2, "method": "average"}),
 }

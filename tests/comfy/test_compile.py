@@ -276,3 +276,29 @@ def test_every_block_of_a_deep_sd3_runs_inside_the_compiled_graph_at_the_block_s
     unpatched = linears_in_graphs(comfy_nodes, model, "sd3")
     assert unpatched > 0
     assert linears_in_graphs(comfy_nodes, reduced, "sd3") == unpatched
+
+
+# The token cache (``token_cache``): its choice of tokens in the eager decision, its write into the run outside the
+# graph; the blocks inside it.
+
+def every_block_token_cache(pack, model):
+    return pack.dit.apply_tome_dit(model, ratio=0.5, dit_scope="block", skip_first_blocks=0, skip_last_blocks=0,
+                                   token_cache=pack.dit.TokenCaching(full_steps=1))
+
+
+@pytest.mark.parametrize("family", ["flux", "wan21"])
+def test_a_token_cache_gives_the_uncompiled_image_with_every_block_inside_the_compiled_graph(
+        pack, comfy_nodes, family, compile_model):
+    """Three steps, the last two cached: the compiled run samples the uncompiled one (not the merging block
+    scope's, not the unpatched one), and runs as many linear layers inside compiled graphs as the unpatched
+    model."""
+    def run(model):
+        return family_sample(comfy_nodes, model, family, steps=3)
+
+    model = dit_models.build_dit_model(family)
+    reference = run(every_block_token_cache(pack, model))
+    assert_differs(reference, run(model))
+    assert_differs(reference, run(every_block_tome(pack, model)))
+    assert_same_image(run(every_block_token_cache(pack, compile_model(model))), reference)
+    assert linears_in_graphs(comfy_nodes, every_block_token_cache(pack, model), family) == \
+        linears_in_graphs(comfy_nodes, model, family)

@@ -20,15 +20,18 @@ from tome_harness import host_reads
 # sigma read, no read of its own (a few operators once per run: SD1.5 167 -> 168, SDXL 332 -> 333 per call).
 # DiTs: about 20 operators per merged or average-pooled key tensor keep the keys' lengths (tome.norms; ToMe
 # Flux 214 -> 252, Wan 190 -> 228 per model call; ToDo average Flux 78 -> 120, Wan 60 -> 102), what the quality
-# bench found plain averaging costs.
+# bench found plain averaging costs. The token cache (every block, 3 steps, the first 2 whole) reads the run's schedule
+# in the call's sigma read, as reuse_steps does.
 EXPECTED = {
     ("SD1.5", "Apply ToMe"): (1, 272), ("SD1.5", "Apply ToMe (Advanced)"): (1, 168),
     ("SD1.5", "Apply ToDo"): (0, 45), ("SD1.5", "Apply ToDo (average)"): (0, 25),
     ("SDXL", "Apply ToMe"): (1, 542), ("SDXL", "Apply ToMe (Advanced)"): (1, 333),
     ("SDXL", "Apply ToDo"): (0, 90), ("SDXL", "Apply ToDo (average)"): (0, 50),
     ("Flux", "Apply ToMe"): (1, 252), ("Flux", "Apply ToMe (Advanced)"): (1, 171),
+    ("Flux", "Apply ToMe (token cache)"): (1, 77),
     ("Flux", "Apply ToDo"): (0, 51), ("Flux", "Apply ToDo (average)"): (0, 120),
     ("Wan 2.1", "Apply ToMe"): (1, 228), ("Wan 2.1", "Apply ToMe (Advanced)"): (1, 153),
+    ("Wan 2.1", "Apply ToMe (token cache)"): (1, 78),
     ("Wan 2.1", "Apply ToDo"): (0, 36), ("Wan 2.1", "Apply ToDo (average)"): (0, 102),
 }
 

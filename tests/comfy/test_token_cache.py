@@ -1,21 +1,24 @@
-"""Token-wise caching at the block scope (``tome_harness/token_cache.py``: measured by the quality bench, offered
-by no node yet): a token a reduced block does not compute takes its own change from the step it was last
-computed.
+"""Token-wise caching at the block scope (Apply ToMe (Advanced)'s ``token_cache``, ``tome/hosts/dit_token_cache.py``):
+a token a reduced block does not compute takes its own change from the step it was last computed.
 
 One double block of a Flux layout called directly on a 5x6 grid of 30 image tokens (ratio 0.5: 15 computed), the
-block changing each token by a function of it alone, so each token's change tells where it came from; then a tiny
-random-weight Flux through the real sampler.
+block changing each token by a function of it alone, so each token's change tells where it came from; then tiny
+random-weight models of every family the block scope covers, through the real sampler.
 """
+
+import collections
+import logging
 
 import pytest
 import torch
+from helpers import dit_sample, record_lengths
 
 from tome_harness import dit_models
-from tome_harness.token_cache import caching_scope_class, with_token_cache
 
 IMAGE, COMPUTED, TEXT, WIDTH = 30, 15, 7, 8
 KEY = ("double_block", 0)
 SCHEDULE = torch.tensor([10.0, 8.0, 6.0, 4.0, 0.0])
+BLOCKS = dict(dit_scope="block", skip_first_blocks=0, skip_last_blocks=0)
 
 
 class Block:
@@ -51,8 +54,19 @@ def call(pack, block, fake, scope, run, sigma, img, uuids=("cond",)):
 
 @pytest.fixture
 def caching(pack, block):
-    tome = pack.dit.DiTToMe(0.5, 2, 2, pack.comfyui.Window(), scope="block", blocks=frozenset({KEY}))
-    return lambda **settings: caching_scope_class(block.BlockScope)(None, tome, (KEY,), "flux", **settings)
+    def scope(**settings):
+        tome = pack.dit.DiTToMe(0.5, 2, 2, pack.comfyui.Window(), scope="block", blocks=frozenset({KEY}),
+                                token_cache=pack.dit.TokenCaching(**settings))
+        return block.BlockScope(None, tome, (KEY,), "flux")
+    return scope
+
+
+def moved_half(first):
+    """``first`` with 15 of its 30 tokens moved, and which."""
+    moved = torch.zeros(IMAGE, dtype=torch.bool)
+    moved[torch.randperm(IMAGE, generator=torch.Generator().manual_seed(3))[:COMPUTED]] = True
+    return first + moved[None, :, None] * torch.randn(1, IMAGE, WIDTH, generator=torch.Generator().manual_seed(4)), \
+        moved
 
 
 def test_a_token_not_computed_keeps_its_own_change_from_the_step_it_was_last_computed(pack, block, caching):
@@ -64,9 +78,7 @@ def test_a_token_not_computed_keeps_its_own_change_from_the_step_it_was_last_com
     torch.testing.assert_close(call(pack, block, fake, scope, run, 10.0, first), fake.change(first))
     assert fake.seen[-1].shape[1] == IMAGE
 
-    moved = torch.zeros(IMAGE, dtype=torch.bool)
-    moved[torch.randperm(IMAGE, generator=torch.Generator().manual_seed(3))[:COMPUTED]] = True
-    second = first + moved[None, :, None] * torch.randn(1, IMAGE, WIDTH, generator=torch.Generator().manual_seed(4))
+    second, moved = moved_half(first)
     change = call(pack, block, fake, scope, run, 8.0, second)
     assert fake.seen[-1].shape[1] == COMPUTED
     torch.testing.assert_close(fake.seen[-1], second[:, moved])
@@ -76,25 +88,6 @@ def test_a_token_not_computed_keeps_its_own_change_from_the_step_it_was_last_com
     third = call(pack, block, fake, scope, run, 6.0, second)
     torch.testing.assert_close(fake.seen[-1], second[:, ~moved])  # the stale ones, though nothing moved
     torch.testing.assert_close(third, fake.change(second))
-
-
-def test_combined_a_token_not_computed_adds_its_nearest_computed_tokens_move_to_its_own_cached_change(
-        pack, block, caching):
-    """Step 1 computes the 15 moved tokens; each other token gets its step-0 change plus how much the change of
-    the computed token nearest its input (cosine) moved between step 0 and step 1."""
-    scope, run, fake = caching(full_steps=1, combine=True), pack.comfyui.SamplingRun(keeps_plans=True), Block()
-    first = torch.randn(1, IMAGE, WIDTH, generator=torch.Generator().manual_seed(2))
-    call(pack, block, fake, scope, run, 10.0, first)
-    moved = torch.zeros(IMAGE, dtype=torch.bool)
-    moved[torch.randperm(IMAGE, generator=torch.Generator().manual_seed(3))[:COMPUTED]] = True
-    second = first + moved[None, :, None] * torch.randn(1, IMAGE, WIDTH, generator=torch.Generator().manual_seed(4))
-    change = call(pack, block, fake, scope, run, 8.0, second)
-    torch.testing.assert_close(change[:, moved], fake.change(second)[:, moved])
-    unit = second[0] / second[0].norm(dim=-1, keepdim=True)
-    computed, kept = moved.nonzero().flatten(), (~moved).nonzero().flatten()
-    nearest = computed[(unit[kept] @ unit[computed].T).argmax(dim=-1)]
-    expected = fake.change(first)[0, kept] + fake.change(second)[0, nearest] - fake.change(first)[0, nearest]
-    torch.testing.assert_close(change[0, kept], expected)
 
 
 def test_each_batch_of_conds_and_each_run_keeps_its_own_cache(pack, block, caching):
@@ -108,9 +101,12 @@ def test_each_batch_of_conds_and_each_run_keeps_its_own_cache(pack, block, cachi
     assert fake.seen[-1].shape[1] == IMAGE
     call(pack, block, fake, scope, pack.comfyui.SamplingRun(keeps_plans=True), 8.0, img)
     assert fake.seen[-1].shape[1] == IMAGE
+    run.end()  # the run over: its caches gone, its next call computes every token
+    call(pack, block, fake, scope, run, 8.0, img)
+    assert fake.seen[-1].shape[1] == IMAGE
 
 
-def test_a_refresh_step_computes_every_token(pack, block, caching):
+def test_a_refresh_step_computes_every_token_and_outside_a_run_the_block_runs_whole(pack, block, caching):
     scope, run, fake = caching(full_steps=1, refresh_every=2), pack.comfyui.SamplingRun(keeps_plans=True), Block()
     img = torch.randn(1, IMAGE, WIDTH, generator=torch.Generator().manual_seed(2))
     counts = []
@@ -118,23 +114,102 @@ def test_a_refresh_step_computes_every_token(pack, block, caching):
         call(pack, block, fake, scope, run, sigma, img)
         counts.append(fake.seen[-1].shape[1])
     assert counts == [IMAGE, COMPUTED, IMAGE, COMPUTED]
+    torch.testing.assert_close(call(pack, block, fake, scope, None, 8.0, img), fake.change(img))
+    assert fake.seen[-1] is img  # handed the block's own arguments, as without the pack
 
 
-def test_through_the_sampler_every_step_whole_is_the_model_and_caching_changes_the_image(comfy_nodes, pack):
-    flux = dit_models.build_dit_model("flux")
-    blocks = dict(dit_scope="block", skip_first_blocks=0, skip_last_blocks=0)
+# Through the sampler: one model of each family the block scope covers (``BLOCK_FAMILIES``).
+FAMILIES = ["flux", "sd3", "wan21", "wan22_animate", "qwen_image", "hunyuan_video", "ltxv", "mochi", "lumina2",
+            "hidream"]
+STEPS = 3
 
-    def sample(model):
-        positive = [[torch.randn(1, TEXT, dit_models.CONTEXT_DIM, generator=torch.Generator().manual_seed(5)),
-                     {"pooled_output": torch.zeros(1, dit_models.CONTEXT_DIM)}]]
-        latent = {"samples": torch.zeros(1, 16, 10, 12)}
-        (out,) = comfy_nodes.KSampler().sample(model, 3, 4, 1.0, "euler", "normal", positive, positive, latent)
-        return out["samples"]
 
-    plain = sample(flux)
-    whole = sample(with_token_cache(pack.dit.apply_tome_dit(flux, ratio=0.5, **blocks), full_steps=4))
-    torch.testing.assert_close(whole, plain, rtol=1e-5, atol=1e-5)
-    cached = sample(with_token_cache(pack.dit.apply_tome_dit(flux, ratio=0.5, **blocks), full_steps=1))
-    assert torch.isfinite(cached).all() and (cached - plain).abs().max() > 1e-3
+def attention_lengths(comfy_nodes, model, family, steps):
+    """The (query, key) lengths of every attention call of a ``steps``-step run of ``model``, counted."""
+    calls = []
+    patched = model.clone()
+    patched.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = \
+        record_lengths(calls)
+    out = dit_sample(comfy_nodes, patched, family, steps=steps)
+    return out, collections.Counter(calls)
+
+
+@pytest.fixture(scope="module")
+def family_models(comfy_nodes):
+    return {family: dit_models.build_dit_model(family) for family in FAMILIES}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_through_the_sampler_the_cached_steps_compute_toMes_share_and_every_step_whole_is_the_model(
+        comfy_nodes, pack, family_models, family):
+    """Past its one whole step, each attention call of the token cache sees the lengths ToMe 0.5 at the block
+    scope gives (as many image tokens computed as ToMe leaves, each frame alike); every step whole samples the
+    model; and the cached steps change the sample."""
+    model = family_models[family]
+
+    def cached(full_steps):
+        return pack.dit.apply_tome_dit(model, ratio=0.5, token_cache=pack.dit.TokenCaching(full_steps=full_steps),
+                                       **BLOCKS)
+
+    _, whole_step = attention_lengths(comfy_nodes, model, family, 1)
+    _, merged_steps = attention_lengths(comfy_nodes, pack.dit.apply_tome_dit(model, ratio=0.5, **BLOCKS), family,
+                                        STEPS - 1)
+    out, lengths = attention_lengths(comfy_nodes, cached(1), family, STEPS)
+    assert lengths == whole_step + merged_steps and lengths != whole_step + whole_step + whole_step
+    assert torch.isfinite(out).all()
+    reference = dit_sample(comfy_nodes, model, family, steps=STEPS)
+    torch.testing.assert_close(dit_sample(comfy_nodes, cached(STEPS), family, steps=STEPS), reference,
+                               rtol=1e-5, atol=1e-5)
+    assert (out - reference).abs().max() > 1e-3
+
+
+def test_the_node_input_reaches_the_block_scope_and_the_run_drops_its_caches(comfy_nodes, pack, family_models):
+    """Apply ToMe (Advanced) with ``token_cache``: the caches fill during the run (cond and uncond apart: one per
+    block and batch of conds) and are gone when it ends."""
+    model = family_models["flux"]
+    patched = pack.nodes.ApplyToMeAdvanced.execute(
+        model, 0.5, 2, 2, "auto", 0, True, "q, k and v", 0.0, 1.0, dit_scope="block", skip_first_blocks=0,
+        skip_last_blocks=0, token_cache=True).result[0]
+    runs, sizes = [], []
+
+    def watch(args, extra):
+        run = args["transformer_options"][pack.comfyui.RUN_KEY]
+        runs.append(run)
+        sizes.append(len(run._caches))
+        return extra["original_block"](args)
+
+    patched.set_model_patch_replace(watch, "dit", "single_block", 0)
+    dit_sample(comfy_nodes, patched, "flux", steps=STEPS)
+    blocks = len(pack.dit.block_keys(model, "flux"))
+    assert len(set(runs)) == 1 and max(sizes) == 2 * blocks and not runs[0]._caches
+
+
+def test_token_cache_where_it_cannot_act_warns_and_bad_settings_name_the_input(pack, family_models, caplog):
+    model = family_models["flux"]
+    with caplog.at_level(logging.WARNING):
+        attention = pack.dit.apply_tome_dit(model, ratio=0.5, token_cache=pack.dit.TokenCaching())
+        reused = pack.dit.apply_tome_dit(model, ratio=0.5, reuse_steps=2, token_cache=pack.dit.TokenCaching(),
+                                         **BLOCKS)
+    assert "token_cache has no meaning at dit_scope 'attention'" in caplog.text
+    assert "reuse_steps=2 has no meaning with token_cache" in caplog.text
+    tome = attention.model_options["transformer_options"]["optimized_attention_override"].tome
+    assert tome.token_cache is None and tome.scope == "attention"
+    tome = reused.model_options["transformer_options"]["optimized_attention_override"].tome
+    assert tome.token_cache is not None and tome.reuse_steps == 1
     with pytest.raises(ValueError, match="max_age"):
-        with_token_cache(flux, max_age=0)
+        pack.dit.apply_tome_dit(model, ratio=0.5, token_cache=pack.dit.TokenCaching(max_age=0), **BLOCKS)
+
+
+def test_cond_and_uncond_in_two_threads_equal_the_sequential_run(comfy_nodes, pack, family_models):
+    """The newest host's threaded CFG split, clones sharing the patch objects: each batch of conds keeps its own
+    cache whichever thread runs it."""
+    from tome_harness.newest_host import cfg_in_threads, clones_share_patch_objects
+
+    with clones_share_patch_objects():
+        patched = pack.dit.apply_tome_dit(family_models["wan21"], ratio=0.5, token_cache=pack.dit.TokenCaching(
+            full_steps=1), **BLOCKS)
+        with cfg_in_threads(threaded=False):
+            sequential = dit_sample(comfy_nodes, patched.clone(), "wan21", steps=STEPS)
+        with cfg_in_threads(threaded=True):
+            threaded = dit_sample(comfy_nodes, patched.clone(), "wan21", steps=STEPS)
+    assert torch.equal(threaded, sequential)

@@ -273,8 +273,8 @@ def seeded_plan(settings, metric: torch.Tensor, w: int, h: int, removed: int, bl
 
 
 class SamplingRun:
-    """What one sampling run remembers: the merge plans, each kept for ``reuse_steps`` steps, and the warnings
-    it has given, so each is given once per run.
+    """What one sampling run remembers: the merge plans, each kept for ``reuse_steps`` steps, the token caches
+    (``cache``, dropped when the run ends), and the warnings it has given, so each is given once per run.
 
     Plans are keyed by what identifies one batch of one block call (the
     caller's key); a step is the position of the call's sigma in the run's
@@ -293,6 +293,7 @@ class SamplingRun:
         self._warned: set[str] = set()
         self._calls = 0
         self._reached: set[str] = set()
+        self._caches: dict[Hashable, object] = {}
 
     def needs_schedule(self) -> bool:
         """Whether a sigma read should bring the run's schedule: plans are kept across steps, and it is unread."""
@@ -330,6 +331,20 @@ class SamplingRun:
         with self._lock:
             self._plans[key] = (step, plan)
         return plan
+
+    def cache(self, key: Hashable):
+        """What the run keeps under ``key`` across its steps (a block's token cache), or ``None``."""
+        with self._lock:
+            return self._caches.get(key)
+
+    def keep_cache(self, key: Hashable, value) -> None:
+        with self._lock:
+            self._caches[key] = value
+
+    def end(self) -> None:
+        """The run has ended: its caches go now, not when the guider's options copy does."""
+        with self._lock:
+            self._caches.clear()
 
     def note_call(self, reached: set[str]) -> None:
         """One model call of the run has ended, having reached the hooks of ``reached`` (scope names)."""
@@ -392,7 +407,10 @@ class StartRun:
     def __call__(self, executor, *args, **kwargs):
         options = executor.class_obj.model_options.setdefault("transformer_options", {})
         run = options[RUN_KEY] = SamplingRun(self.keeps_plans)
-        out = executor(*args, **kwargs)
+        try:
+            out = executor(*args, **kwargs)
+        finally:
+            run.end()
         self.ended(run)
         return out
 

@@ -22,8 +22,9 @@ The modules of the DiT host, each importing only those before it: ``comfyui``
 settings and option keys), ``comfyui_dit_swap`` (the swapped block classes),
 ``dit_families`` (each family: recognised, laid out, its block arguments),
 ``dit_tokens`` (the token operations both scopes share),
-``comfyui_dit_attention`` (the attention scope), ``comfyui_dit_block`` (the
-block scope), this one. No ComfyUI import; patch objects hold only frozen
+``comfyui_dit_attention`` (the attention scope), ``dit_token_cache`` (what a
+block computes instead of merging under ``token_cache``), ``comfyui_dit_block``
+(the block scope), this one. No ComfyUI import; patch objects hold only frozen
 settings (see ``comfyui``).
 """
 
@@ -41,6 +42,7 @@ from ..merge import MEAN, REDUCTIONS
 from .comfyui import (
     APPLY_MODEL,
     MAX_FACTOR,
+    MAX_REUSE_STEPS,
     MERGE_QKV,
     OUTER_SAMPLE,
     RUN_KEY,
@@ -74,6 +76,7 @@ from .dit_settings import (
     SKIP_LAST_BLOCKS,
     DiTToDo,
     DiTToMe,
+    TokenCaching,
 )
 
 log = logging.getLogger(__name__)
@@ -285,7 +288,9 @@ def with_reduction(model, family: str, reduction: DiTReduction):
     attention = any(s is not None and s.scope == SCOPE_ATTENTION for s in (reduction.todo, reduction.tome))
     patched.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY,
                                  LayoutWrapper(dit_spec(patched, family), blocks, attention))
-    keeps_plans = blocks is not None and blocks.tome is not None and blocks.tome.reuse_steps > 1
+    # A run that keeps plans or token caches across steps reads its schedule with its first sigma.
+    keeps_plans = blocks is not None and blocks.tome is not None and \
+        (blocks.tome.reuse_steps > 1 or blocks.tome.token_cache is not None)
     patched.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY,
                                  DiTRunStart(keeps_plans, scopes_of(attention, blocks is not None)))
     return patched
@@ -362,11 +367,32 @@ def apply_todo_dit(model, *, downsample_factor: int, method: str = NEAREST, time
     return with_reduction(model, family, dataclasses.replace(current, todo=todo))
 
 
+def checked_token_cache(token_cache: TokenCaching | None, scope: str, ratio: float,
+                        reuse_steps: int) -> TokenCaching | None:
+    """``token_cache`` where it acts (at the block scope), its settings checked; ``None`` elsewhere, with a
+    warning at the attention scope, and a warning where ``reuse_steps`` (no matching to reuse) is given beside
+    it."""
+    if token_cache is None or ratio <= 0.0:
+        return None
+    check_range("token_cache full_steps", token_cache.full_steps, 1, MAX_REUSE_STEPS)
+    check_range("token_cache refresh_every", token_cache.refresh_every, 0, MAX_REUSE_STEPS)
+    check_range("token_cache max_age", token_cache.max_age, 1, MAX_REUSE_STEPS)
+    if scope == SCOPE_ATTENTION:
+        log.warning("Apply ToMe: token_cache has no meaning at dit_scope 'attention' (it reuses whole blocks' "
+                    "changes) and is ignored; set dit_scope to 'block'")
+        return None
+    if reuse_steps > 1:
+        log.warning("Apply ToMe: reuse_steps=%d has no meaning with token_cache (nothing is matched) and is "
+                    "ignored", reuse_steps)
+    return token_cache
+
+
 def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, seed: int = 0,
                    use_rand: bool = True, merge: str = MERGE_QKV, start_percent: float = 0.0,
                    end_percent: float = 1.0, reduce: str = MEAN, keep_norms: bool = True,
                    dit_scope: str = SCOPE_ATTENTION, skip_first_blocks: int = SKIP_FIRST_BLOCKS,
-                   skip_last_blocks: int = SKIP_LAST_BLOCKS, reuse_steps: int = 1):
+                   skip_last_blocks: int = SKIP_LAST_BLOCKS, reuse_steps: int = 1,
+                   token_cache: TokenCaching | None = None):
     """Clone ``model`` (a DiT) with ToMe in its image self-attention: the image tokens of q, k and v (or those
     ``merge`` names) merged per frame, the queries unmerged after. Ratio 0 removes an earlier ToMe; a second
     call replaces the first. ``dit_scope`` ``block``: the image tokens are merged at the entry of each block but
@@ -375,7 +401,9 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
     there). No node offers ``reduce``, ``MEAN`` (ToMe) or ``PRUNE`` (the same tokens dropped: the quality bench's
     baseline), and ``keep_norms``: False merges keys by their plain mean, shorter than they are (``tome.norms``;
     the quality bench measures what that costs). At the block scope a block's matching serves ``reuse_steps``
-    consecutive steps."""
+    consecutive steps; with ``token_cache`` a block does not merge but computes ``1 - ratio`` of the image tokens
+    and gives the rest their own cached change (``dit_token_cache``; strides, seed, ``use_rand`` and
+    ``reuse_steps`` have no meaning then)."""
     family = known_family(model, "Apply ToMe")
     if family is None:
         return model
@@ -387,15 +415,19 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
     if scope == SCOPE_ATTENTION and ratio > 0.0 and reuse_steps > 1:
         log.warning("Apply ToMe: reuse_steps=%d has no meaning at dit_scope 'attention' (every attention call "
                     "matches afresh) and is ignored", reuse_steps)
+    token_cache = checked_token_cache(token_cache, scope, ratio, reuse_steps)
     current = base_reduction(model)
     if not reduces(scope, blocks):
         ratio = 0.0
     if ratio <= 0.0 and current.tome is None:
         return model
-    ratio = capped_ratio(ratio, stride_x, stride_y)
+    if token_cache is None:  # a token cache computes a share of each frame, whatever the cells
+        ratio = capped_ratio(ratio, stride_x, stride_y)
     tome = None
     if ratio > 0.0:
         tome = DiTToMe(ratio, stride_x, stride_y, sampling_window(model, start_percent, end_percent),
                        seed=seed, use_rand=use_rand, merge=merge, reduce=reduce, keep_norms=keep_norms,
-                       scope=scope, blocks=blocks, reuse_steps=reuse_steps if scope == SCOPE_BLOCK else 1)
+                       scope=scope, blocks=blocks,
+                       reuse_steps=reuse_steps if scope == SCOPE_BLOCK and token_cache is None else 1,
+                       token_cache=token_cache)
     return with_reduction(model, family, dataclasses.replace(current, tome=tome))

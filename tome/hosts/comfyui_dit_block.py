@@ -51,6 +51,9 @@ as a grid) is left to the attention scope, with a warning when the node runs
 
 A matching reused (ToMe): a block's plan serves its next ``reuse_steps - 1``
 steps (kept in the run's ``SamplingRun`` per batch of conds, as on U-Nets).
+A token cache (ToMe's ``token_cache``, ``dit_token_cache``): instead of
+merging, a block computes ``1 - ratio`` of the image tokens and every other
+token takes its own change from the last step it was computed.
 Seeds count every block call, reused or not. (One plan for several blocks of a
 call is the benches' ``tome_harness.block_reuse``: measured, offered by no node.)
 
@@ -101,6 +104,7 @@ from .dit_families import (
     image_layout,
 )
 from .dit_settings import LAYOUT_KEY, SCOPE_BLOCK, DiTToDo, DiTToMe
+from .dit_token_cache import token_selection
 from .dit_tokens import frame_plan, pool_grid, pools, replace_span
 
 log = logging.getLogger(__name__)
@@ -394,7 +398,8 @@ class BlockScope:
                   options) -> tuple[Reduction, torch.Tensor] | None:
         """How block ``key`` of this call reduces its image tokens ``image [B, t*h*w, C]``, and the reduced
         tokens; ``None``: not at all (a block or step outside the chosen ones, a grid smaller than
-        the cell, nothing to merge). ToMe matches on the (pooled) tokens, once."""
+        the cell, nothing to merge, a token cache outside a sampling run). ToMe matches on the (pooled) tokens,
+        once, or selects those it computes (``token_cache``, ``dit_token_cache``)."""
         todo = self.todo if self.todo is not None and key in self.todo.blocks and \
             self.todo.window.in_window(options) else None
         tome = self.tome if self.tome is not None and key in self.tome.blocks and \
@@ -406,12 +411,18 @@ class BlockScope:
                 stages.append(pooling)
                 grid, reduced = pooling.pooled_grid, pooling.reduce(reduced)
         if tome is not None:
-            plan = self.tome_plan(tome, reduced, grid, key, options)
-            if plan is not IDENTITY:
-                merging = Merging(plan, tome.reduce)
-                stages.append(merging)
-                grid, reduced = None, merging.reduce(reduced)
+            stage = token_selection(tome, reduced, grid, key, options) if tome.token_cache is not None else \
+                self.tome_merging(tome, reduced, grid, key, options)
+            if stage is not None:
+                stages.append(stage)
+                grid, reduced = None, stage.reduce(reduced)
         return (Reduction(stages, grid), reduced) if stages else None
+
+    def tome_merging(self, tome: DiTToMe, tokens: torch.Tensor, grid: tuple[int, int, int], key,
+                     options) -> Merging | None:
+        """ToMe's merging of block ``key``'s (pooled) image tokens; ``None`` where its plan merges nothing."""
+        plan = self.tome_plan(tome, tokens, grid, key, options)
+        return None if plan is IDENTITY else Merging(plan, tome.reduce)
 
     def tome_plan(self, tome: DiTToMe, tokens: torch.Tensor, grid: tuple[int, int, int], key, options):
         """ToMe's plan for block ``key``'s (pooled) image tokens ``tokens [B, t*h*w, C]``: matched on them, or the

@@ -31,7 +31,7 @@ from .dit_families import (
     WAN_S2V,
     dit_family,
 )
-from .dit_settings import SCOPE_ATTENTION, SKIP_FIRST_BLOCKS, SKIP_LAST_BLOCKS
+from .dit_settings import SCOPE_ATTENTION, SKIP_FIRST_BLOCKS, SKIP_LAST_BLOCKS, TokenCaching
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +83,13 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
                seed: int = 0, use_rand: bool = True, merge: str = MERGE_QKV, start_percent: float = 0.0,
                end_percent: float = 1.0, scope: str = SCOPE_SELF, reuse_steps: int = 1, reduce: str = MEAN,
                dit_scope: str = SCOPE_ATTENTION, skip_first_blocks: int = SKIP_FIRST_BLOCKS,
-               skip_last_blocks: int = SKIP_LAST_BLOCKS):
+               skip_last_blocks: int = SKIP_LAST_BLOCKS, token_cache: bool = False):
     """Apply ToMe's inputs to ``model``, a U-Net or a DiT; returns the patched clone (or ``model``). ``reduce``
-    (``MEAN``, or the quality bench's ``PRUNE`` baseline) is no node input."""
+    (``MEAN``, or the quality bench's ``PRUNE`` baseline) is no node input. ``token_cache``: the measured
+    ``TokenCaching`` at the block scope."""
     if dit_family(model) is None:
-        warn_ignored("Apply ToMe", model, dit_inputs(dit_scope, skip_first_blocks, skip_last_blocks))
+        warn_ignored("Apply ToMe", model, {**dit_inputs(dit_scope, skip_first_blocks, skip_last_blocks),
+                                           "token_cache": (token_cache, False)})
         return comfyui_unet.apply_tome(model, ratio=ratio, stride_x=stride_x, stride_y=stride_y,
                                        max_downsample=max_downsample, seed=seed, use_rand=use_rand, merge=merge,
                                        start_percent=start_percent, end_percent=end_percent, scope=scope,
@@ -97,7 +99,7 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
                                       use_rand=use_rand, merge=merge, start_percent=start_percent,
                                       end_percent=end_percent, reduce=reduce, dit_scope=dit_scope,
                                       skip_first_blocks=skip_first_blocks, skip_last_blocks=skip_last_blocks,
-                                      reuse_steps=reuse_steps)
+                                      reuse_steps=reuse_steps, token_cache=TokenCaching() if token_cache else None)
 
 
 def apply_todo(model, *, downsample_factor: int, max_downsample: str = "auto", method: str = AUTO,

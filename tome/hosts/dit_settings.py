@@ -38,6 +38,23 @@ class DiTToDo:
 
 
 @dataclass(frozen=True)
+class TokenCaching:
+    """At the block scope, instead of merging (``dit_token_cache``): each reduced block computes ``1 - ratio`` of
+    the image tokens, the rest keep their own change from the last step they were computed. Every token is
+    computed at the run's first ``full_steps`` steps and every ``refresh_every``-th (0: never again); a change
+    ``max_age`` steps old is computed first. The node offers these defaults, the ones measured in docs/DITS.md
+    "Token-wise caching"."""
+
+    full_steps: int = 2
+    refresh_every: int = 0
+    max_age: int = 4
+
+    def whole_at(self, step: int) -> bool:
+        """Whether step ``step`` of the run computes every token."""
+        return step < self.full_steps or (self.refresh_every > 0 and step % self.refresh_every == 0)
+
+
+@dataclass(frozen=True)
 class DiTToMe:
     """What one Apply ToMe node asked for, on a DiT."""
 
@@ -55,3 +72,4 @@ class DiTToMe:
     # At the block scope: how many consecutive sampling steps a block's matching serves (1: every block call
     # matches afresh).
     reuse_steps: int = 1
+    token_cache: TokenCaching | None = None  # at the block scope: tokens computed or cached instead of merged
