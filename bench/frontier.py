@@ -23,7 +23,11 @@ PyTorch SDPA; each family's from one run on one machine), the costs the committe
   (Advanced)'s ``token_cache``): its whole steps (the first 2, and every refresh) at 1x, the rest at the speed of
   a forward past them; a single prediction outside a run it leaves whole. It is timed in a run of its own
   (``dit_bench.py --token-cache``, maybe on another machine than its family's: the table says so), beside its
-  ToMe twin, which is the fair comparison of the two.
+  ToMe twin, which is the fair comparison of the two. A ratio that changes over the steps
+  (``tome_harness.step_schedule``: "ToMe 0.7 to 0.3 block") is placed by its run alone too: each step of a
+  20-step run at the speed of a forward at its ratio (the block scope timed at 0.3, 0.5 and 0.7 in a run of its
+  own, ``dit_bench.py --ratio 0.3 0.5 0.7 --token-cache``; a forward's time taken as linear between them), a
+  whole step at 1x.
 
 The unpatched model at fewer steps ("no patch, 10 steps": the quality bench's fewer-steps rows) is what every
 user can already do: a run of N steps of the base 20 is 20 / N times faster. It is drawn as a grey line on each
@@ -56,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tome_harness import trained_models as tm
+from tome_harness.step_schedule import Schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "bench" / "records"
@@ -75,6 +80,7 @@ class Point:
     one_matching: bool = False  # one matching serves every block of a model call (reuse_blocks)
     reuse_steps: int = 1  # a block's matching serves this many steps
     record: str | None = None  # the speed bench's run that timed it, where not its family's
+    schedule: Schedule | None = None  # its ratio over the steps: ``variant`` names each ratio's variant ({})
 
 
 @dataclass(frozen=True)
@@ -92,12 +98,13 @@ class Family:
 
 
 def _family(name: str, judge: str, recommended: str, run: str, depth: int, attention: dict[str, str],
-            block: dict[str, str], token_cache: str | None = None) -> Family:
+            block: dict[str, str], token_cache: str | None = None, schedule: str | None = None) -> Family:
     """Every point timed in the speed bench's ``run``. ``attention``: setting -> its variant, timed as it runs;
     ``block``: setting -> the every-block variant of a block setting, placed with the skips its name says (the
     default where it names none) and the reuse of a matching it names; each with the start its name says
     ("from 0.2"; else 0). ``token_cache``: the run that timed the token cache, whose settings (``TOKEN_CACHE``)
-    are placed with the default skips and their whole steps as a window's."""
+    are placed with the default skips and their whole steps as a window's. ``schedule``: the run that timed the
+    block scope at several ratios, where the settings with a schedule over the steps (``SCHEDULES``) are placed."""
     points = [Point(setting, variant, start=start_of(setting)) for setting, variant in attention.items()]
     for setting, variant in block.items():
         skips = (0, 0) if "all blocks" in setting else (1, 1) if "skip 1:1" in setting else DEFAULT_SKIPS
@@ -106,6 +113,9 @@ def _family(name: str, judge: str, recommended: str, run: str, depth: int, atten
     if token_cache is not None:
         points += [Point(setting, variant, DEFAULT_SKIPS, whole / BASE_STEPS, record=token_cache)
                    for setting, (variant, whole) in TOKEN_CACHE.items()]
+    if schedule is not None:
+        points += [Point(setting, variant, DEFAULT_SKIPS, whole / BASE_STEPS, record=schedule, schedule=steps)
+                   for setting, (variant, steps, whole) in SCHEDULES.items()]
     return Family(name, judge, recommended, run, depth, tuple(points))
 
 
@@ -129,6 +139,15 @@ TOKEN_CACHE = {"token cache 0.5 block": ("tokencache-0.5-block-skip0-0", 2),
                "token cache 0.5 block, max age 2": ("tokencache-0.5-block-skip0-0", 2),
                "token cache 0.5 block, refresh every 4": ("tokencache-0.5-block-skip0-0", 6),
                "token cache 0.7 block": ("tokencache-0.7-block-skip0-0", 2)}
+# The settings with a schedule over the steps (``tome_harness.step_schedule``): their variant at each ratio, the
+# schedule, and the first steps they run whole (a token cache's 2). A run's speed is that of its steps, each at its
+# ratio (the simple scheduler's step ``i`` of 20 lies at ``i / 20`` of the schedule), a forward's time linear
+# between the ratios the run timed.
+SCHEDULES = {"ToMe 0.7 to 0.3 block": ("tome-{}-block-skip0-0", Schedule(0.7, 0.3), 0),
+             "ToMe 0.3 to 0.7 block": ("tome-{}-block-skip0-0", Schedule(0.3, 0.7), 0),
+             "ToMe 0.625 block, every 5th step whole": ("tome-{}-block-skip0-0", Schedule(0.625, 0.625, 5), 0),
+             "token cache 0.7 to 0.3 block": ("tokencache-{}-block-skip0-0", Schedule(0.7, 0.3), 2),
+             "token cache 0.3 to 0.7 block": ("tokencache-{}-block-skip0-0", Schedule(0.3, 0.7), 2)}
 ATTENTION = {"ToDo 2": "todo-2", "ToDo 2 from 0.3": "todo-2", "ToMe 0.3": "tome-0.3-qkv", "ToMe 0.5": "tome-0.5-qkv",
              "ToMe 0.5 k and v only": "tome-0.5-kv"}
 # The U-Nets' settings, by the variant of ``bench/unet_bench.py`` (``--ratio 0.5 --todo 2 3 --scope-grid``) that
@@ -148,14 +167,15 @@ FAMILIES = (
     _family("SD1.5", "sd15-512", "ToDo 2", "sd15-1024px-fp32-sdpa", 0, _unet(1), {}),
     _family("SDXL", "sdxl-1024", "ToDo 2", "sdxl-1024px-fp32-sdpa", 0, _unet(2), {}),
     _family("SD3.5", "sd35-512", "ToDo 2", "sd35m-1024px-bf16-amx", 24, ATTENTION, BLOCK,
-            "sd35m-1024px-bf16-epyc-token-cache"),
+            "sd35m-1024px-bf16-epyc-token-cache", "sd35m-1024px-bf16-epyc-schedule"),
     _family("Flux", "flux-512", "ToDo 2 average", "flux-2d4s-1024px-fp32", 57,
-            ATTENTION | {"ToDo 2 average": "todo-2-average"}, BLOCK, "flux-1d2s-1024px-fp32-epyc-token-cache"),
+            ATTENTION | {"ToDo 2 average": "todo-2-average"}, BLOCK, "flux-1d2s-1024px-fp32-epyc-token-cache",
+            "flux-1d2s-1024px-fp32-epyc-schedule"),
     # Wan's run timed ToDo's nearest pooling alone; average takes the same time (the U-Nets' rows and Flux's).
     _family("Wan", "wan21-512", "ToDo 2 average", "wan13b-81f-1block-fp32", 30,
             ATTENTION | {"ToDo 2 time_factor 2": "todo-2-t2", "ToDo 2 average": "todo-2",
                          "ToDo 2 average time_factor 2": "todo-2-t2"}, BLOCK,
-            "wan13b-81f-1block-fp32-epyc-token-cache"),
+            "wan13b-81f-1block-fp32-epyc-token-cache", "wan13b-81f-1block-fp32-epyc-schedule"),
 )
 # The step cache's rows: EasyCache alone runs every forward at full speed; stacked, at the recommended setting's.
 CACHE_ALONE, CACHE_STACKED = "EasyCache", "EasyCache + ToDo 2 auto"
@@ -202,9 +222,38 @@ def reduced_share(point: Point, blocks: int) -> float:
     return max(blocks - first - last, 0) / blocks
 
 
+def timed_ratios(template: str, run: dict[str, dict]) -> list[tuple[float, float]]:
+    """Each ratio ``run`` timed the variant ``template`` (``{}`` for its ratio) at, with its seconds, ascending."""
+    prefix, suffix = template.split("{}")
+    return sorted((float(variant[len(prefix):len(variant) - len(suffix)]), row["seconds"])
+                  for variant, row in run.items() if variant.startswith(prefix) and variant.endswith(suffix))
+
+
+def speed_at(template: str, run: dict[str, dict], ratio: float) -> float:
+    """The forward's speed-up of the variant ``template`` at ``ratio``: its time linear between the two timed
+    ratios around it."""
+    timed = timed_ratios(template, run)
+    if not timed[0][0] <= ratio <= timed[-1][0]:
+        raise ValueError(f"{template}: ratio {ratio} lies outside the timed {timed[0][0]} to {timed[-1][0]}")
+    (low, low_s), (high, high_s) = next((a, b) for a, b in itertools.pairwise(timed) if a[0] <= ratio <= b[0])
+    return run["none"]["seconds"] / (low_s + (high_s - low_s) * (ratio - low) / (high - low))
+
+
+def timed(point: Point, run: dict[str, dict]) -> bool:
+    """Whether ``run`` timed ``point`` (a schedule: at two ratios at least)."""
+    return len(timed_ratios(point.variant, run)) > 1 if point.schedule else point.variant in run
+
+
 def forward_speed(point: Point, run: dict[str, dict], blocks: int, depth: int) -> float:
     """The forward's speed-up of ``point`` in ``run`` (its family's speed rows by variant; a block setting's over
-    its share of blocks, less the matchings it reuses: averaged over a run's forwards)."""
+    its share of blocks, less the matchings it reuses: averaged over a run's forwards; a schedule's over the
+    forwards of a run of ``BASE_STEPS`` past its whole first steps (``start``), each at its step's ratio, a whole
+    step at 1x)."""
+    if point.schedule is not None:
+        share = reduced_share(point, blocks)
+        times = [1.0 if ratio is None else (1 - share) + share / speed_at(point.variant, run, ratio)
+                 for ratio in point.schedule.ratios(BASE_STEPS)[round(point.start * BASE_STEPS):]]
+        return len(times) / sum(times)
     every = run[point.variant]["speed-up"]
     if point.skips is None:
         return every
@@ -231,11 +280,12 @@ class Placed:
     photo_psnr: float | None = None  # img2img PSNR against the photograph (dB)
     realism: float | None = None  # the samples' patch distance to the photographs over the unpatched samples'
     own_run: bool = False  # timed in a speed run of its own (``Point.record``), not its family's
+    scheduled: bool = False  # its ratio changes over the steps: its forward is a run's mean
 
     @property
     def run_only(self) -> bool:
         """Placed by its run alone: the rule and the x0 panel leave it out."""
-        return self.step_cache or self.start > 0 or self.reuse_steps > 1 or self.fewer_steps
+        return self.step_cache or self.start > 0 or self.reuse_steps > 1 or self.fewer_steps or self.scheduled
 
     @property
     def judged(self) -> bool:
@@ -265,11 +315,11 @@ def place(family: Family, speeds: dict, costs: dict) -> list[Placed]:
     for point in family.points:
         row = costs.get((family.judge, point.setting))
         run = family_run if point.record is None else speeds.get(point.record, {})
-        if row is None or point.variant not in run:
+        if row is None or not timed(point, run):
             continue
         add(point.setting, row, forward_speed(point, run, blocks, family.depth), point.start,
             estimated=point.skips not in (None, (0, 0)), recommended=point.setting == family.recommended,
-            reuse_steps=point.reuse_steps, own_run=point.record is not None)
+            reuse_steps=point.reuse_steps, own_run=point.record is not None, scheduled=point.schedule is not None)
     for setting, under in ((CACHE_ALONE, None), (CACHE_STACKED, family.recommended)):
         row = costs.get((family.judge, setting))
         if row is None or (under is not None and under not in by_setting):
@@ -325,6 +375,7 @@ def table(family: Family, placed: list[Placed], steps: int = BASE_STEPS) -> str:
                                  ("speed over its share of blocks", p.estimated),
                                  (f"{p.start:.0%} of the steps whole", p.start > 0),
                                  ("at 50% its twin: placed by its run", p.reuse_steps > 1),
+                                 ("a ratio over the steps: placed by its run", p.scheduled),
                                  ("timed in a run of its own", p.own_run),
                                  ("the step count, the baseline", p.fewer_steps),
                                  ("x0 alone: unjudged against the step count", not p.judged),

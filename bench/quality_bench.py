@@ -136,6 +136,17 @@ def proportional_attention(ratio: float) -> Callable:
         pack.dit.apply_tome_dit(model, ratio=ratio, dit_scope=SCOPE_BLOCK))
 
 
+def scheduled(schedule, cache: bool = False) -> Callable:
+    """ToMe's block scope (its token cache where ``cache``) at the ratio of ``schedule`` (a
+    ``tome_harness.step_schedule.Schedule``: no node offers it)."""
+    from tome.hosts.comfyui_dit import SCOPE_BLOCK
+    from tome_harness.step_schedule import with_schedule
+
+    return lambda pack, model, layout: with_schedule(pack.dit.apply_tome_dit(
+        model, ratio=max(schedule.first, schedule.last), dit_scope=SCOPE_BLOCK,
+        token_cache=pack.dit.TokenCaching() if cache else None), schedule)
+
+
 def core(ratio: float) -> Callable:
     return lambda pack, model, layout: pack.nodes_module.NODE_CLASS_MAPPINGS["TomePatchModel"].execute(
         model, ratio=ratio).result[0]
@@ -214,6 +225,7 @@ def settings() -> list[Setting]:
     from tome.hosts.comfyui_models import AUTO
     from tome.hosts.comfyui_unet import MERGE_KV, MERGE_Q, SCOPE_ALL, SCOPE_CROSS
     from tome.merge import PRUNE
+    from tome_harness.step_schedule import Schedule
 
     return [
         Setting("none", unpatched),
@@ -282,6 +294,13 @@ def settings() -> list[Setting]:
         Setting("token cache 0.7 block", token_cache(0.7), dit_only=True),
         # The merged tokens' share of attention (issue 44): ToMe's proportional attention at the block scope.
         Setting("ToMe 0.5 block, proportional attention", proportional_attention(0.5), dit_only=True),
+        # A schedule over the steps (issue 44, SDTM's): a ratio falling over the run as the detail forms, its
+        # reverse, and a full step every few, each removing about half of the tokens over a run.
+        Setting("ToMe 0.7 to 0.3 block", scheduled(Schedule(0.7, 0.3)), dit_only=True),
+        Setting("ToMe 0.3 to 0.7 block", scheduled(Schedule(0.3, 0.7)), dit_only=True),
+        Setting("ToMe 0.625 block, every 5th step whole", scheduled(Schedule(0.625, 0.625, 5)), dit_only=True),
+        Setting("token cache 0.7 to 0.3 block", scheduled(Schedule(0.7, 0.3), cache=True), dit_only=True),
+        Setting("token cache 0.3 to 0.7 block", scheduled(Schedule(0.3, 0.7), cache=True), dit_only=True),
         Setting("ToDo 2 average block", todo(2, method=AVERAGE, dit_scope=SCOPE_BLOCK), dit_only=True),
         # A step cache alone and stacked with the README's DiT setting, for the DiT frontier pictures.
         Setting("EasyCache", easycache(), dit_only=True),

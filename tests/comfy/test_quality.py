@@ -266,7 +266,7 @@ def test_every_frontier_point_names_a_committed_speed_row_and_a_quality_bench_se
         judged = {s.name for s in bench.settings() if s.applies_to(tm.LAYOUTS[family.judge])}
         assert tm.LAYOUTS[family.judge].is_unet or {frontier.CACHE_ALONE, frontier.CACHE_STACKED} <= judged
         for point in family.points:
-            assert point.variant in speeds[point.record or family.run], (family.name, point)
+            assert frontier.timed(point, speeds[point.record or family.run]), (family.name, point)
             assert point.setting in judged, (family.name, point.setting)
         placed = {p.setting: p for p in frontier.place(family, speeds, costs)}
         assert placed[family.recommended].recommended
@@ -331,6 +331,40 @@ def test_a_token_cache_is_timed_in_its_own_run_and_placed_by_its_run_with_its_wh
     assert placed["token cache 0.5 block"].run_only and placed["token cache 0.5 block"].estimated
     assert placed["token cache 0.5 block"].own_run and not placed["ToDo 2"].own_run
     assert frontier.fast_choice(list(placed.values())).setting == "ToDo 2"
+
+
+def test_a_schedule_over_the_steps_is_placed_by_its_run_each_step_at_its_ratio():
+    """A ratio from 0.7 to 0.3: each of the 20 steps at its own ratio (step i at i / 20 of the schedule), a
+    forward's time linear between the ratios its run timed, over the judge's share of blocks; every 5th step whole
+    at 1x, and a token cache's first 2; at half the schedule it is ToMe near 0.5, so it is placed by its run
+    alone. A ratio outside the timed ones is refused, naming the variant."""
+    frontier = load_bench("frontier")
+    run = {"none": {"seconds": 12.0}, **{f"{kind}-{ratio}-block-skip0-0": {"seconds": seconds} for kind in (
+        "tome", "tokencache") for ratio, seconds in ((0.3, 8.0), (0.5, 6.0), (0.7, 3.0))}}
+    speeds = {"m": {"v": {"speed-up": 1.5, "matching share": 0.0}}, "m-schedule": run}
+    family = frontier._family("F", "flux-512", "ToDo 2", "m", 57, {"ToDo 2": "v"}, {}, schedule="m-schedule")
+    row = {"x0 change 0.5": {"mean": 0.05}, "img2img PSNR to photo": {"mean": 19.0}}
+    costs = {("flux-512", "ToMe 0.7 to 0.3 block"): row, ("flux-512", "ToMe 0.625 block, every 5th step whole"): row,
+             ("flux-512", "token cache 0.7 to 0.3 block"): row,
+             ("flux-512", "ToDo 2"): dict(row, **{"x0 change 0.5": {"mean": 0.1}})}
+    placed = {p.setting: p for p in frontier.place(family, speeds, costs)}
+
+    def seconds(ratio):  # linear between the timed ratios
+        return 8.0 - 10.0 * (ratio - 0.3) if ratio <= 0.5 else 6.0 - 15.0 * (ratio - 0.5)
+
+    def step(ratio):  # a forward at the judge's share: 5 of flux-512's 9 blocks reduced
+        return 1.0 if ratio is None else 4 / 9 + 5 / 9 * seconds(ratio) / 12.0
+
+    falling = [step(0.7 - 0.4 * i / 20) for i in range(20)]
+    assert placed["ToMe 0.7 to 0.3 block"].run == pytest.approx(20 / sum(falling))
+    every_5th = [step(None if i % 5 == 4 else 0.625) for i in range(20)]
+    assert placed["ToMe 0.625 block, every 5th step whole"].run == pytest.approx(20 / sum(every_5th))
+    cached = [step(0.7 - 0.4 * i / 20) for i in range(2, 20)]  # a token cache's first 2 steps whole
+    assert placed["token cache 0.7 to 0.3 block"].run == pytest.approx(1 / (0.1 + 0.9 / (18 / sum(cached))))
+    assert placed["ToMe 0.7 to 0.3 block"].run_only and placed["ToMe 0.7 to 0.3 block"].own_run
+    assert frontier.fast_choice(list(placed.values())).setting == "ToDo 2"
+    with pytest.raises(ValueError, match="tome-{}-block-skip0-0: ratio 0.8"):
+        frontier.speed_at("tome-{}-block-skip0-0", run, 0.8)
 
 
 def test_a_reused_matching_is_timed_as_its_twin_less_the_matchings_it_leaves_out():
