@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -72,7 +72,9 @@ class Layout:
     patch_map: bool = False  # the latent is the patch map's components (pixel_factor 8), not space-to-depth
     bf16: bool = False  # trained under bf16 autocast (master weights in fp32); always measured in fp32
     clips: str = "window"  # a video model's clips, trained and held out: ``photos``' ``window`` or ``camera``
-    extra: dict = field(default_factory=dict)
+    # A U-Net's attention head width, where the layout sets its own: ComfyUI's SD1.5 and SDXL classes fix their
+    # heads whatever the config says (SD1.5 8 heads, SDXL heads of 64: one head at a width of 64). 0: the class's.
+    head_width: int = 0
 
     @property
     def pixels(self) -> int:
@@ -102,9 +104,9 @@ def _unet(family: str, **changes) -> dict:
 
 
 SMALL = (
-    Layout("sd15", "SD15", _unet("sd15", channel_mult=[1, 2, 2, 2], num_heads=2), latent_channels=4,
+    Layout("sd15", "SD15", _unet("sd15", channel_mult=[1, 2, 2, 2]), latent_channels=4,
            pixel_factor=1, size=32, steps=600, batch=4),
-    Layout("sdxl", "SDXL", _unet("sdxl", channel_mult=[1, 2, 2], num_head_channels=16,
+    Layout("sdxl", "SDXL", _unet("sdxl", channel_mult=[1, 2, 2],
                                  transformer_depth=[0, 0, 2, 2, 4, 4], transformer_depth_middle=4,
                                  transformer_depth_output=[0, 0, 0, 2, 2, 2, 4, 4, 4]),
            latent_channels=4, pixel_factor=1, size=64, pooled=1280, steps=600, batch=4),
@@ -141,8 +143,13 @@ REAL_FOOTPRINT = (
     # SD1.5 at 512 px: all sixteen transformer blocks of SD1.5 (one per level and res block), 4096 tokens at the
     # top level.
     _real(_small["sd15"], 64, _small["sd15"].config, steps=280, batch=4),
-    # SDXL at 1024 px: levels 2 and 3 at 64x64 and 32x32, as SDXL's at 1024 px.
-    _real(_small["sdxl"], 128, _small["sdxl"].config, steps=450, batch=2),
+    # SDXL at 1024 px: levels 2 and 3 at 64x64 and 32x32, as SDXL's at 1024 px. Level 2 is 32 wide, so that
+    # ComfyUI's 32-group GroupNorm normalises each channel over the tokens before its transformer blocks, as it
+    # does at SD1.5's top level: at a width of 64 (two channels a group) a component common to every token took
+    # over those blocks' input, and their self-attention gave every query the same output. Heads of 32 (SDXL's
+    # class would fix 64, no head at that width).
+    _real(_small["sdxl"], 128, dict(_small["sdxl"].config, channel_mult=[1, 1, 2]), steps=1300, batch=2,
+          head_width=32),
     # SD3.5 medium's layout, 8 joint blocks (MMDiT's width is 64 per depth: depth 2 and num_blocks 8 keep it
     # at 128), the image-only attn2 in the first half as in SD3.5 medium (13 of 24).
     _real(_small["sd35"], 64, dict(
@@ -227,6 +234,8 @@ def model_config(layout: Layout, dtype: torch.dtype = torch.float32):
 
     config = dict(layout.config, dtype=dtype) if layout.is_unet else dict(layout.config)
     model_config = getattr(comfy.supported_models, layout.config_class)(config)
+    if layout.head_width:
+        model_config.unet_config.update(num_head_channels=layout.head_width, num_heads=-1)
     model_config.set_inference_dtype(dtype, None)
     return model_config
 

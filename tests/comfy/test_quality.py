@@ -116,6 +116,22 @@ def test_the_bench_tells_merging_from_pruning_the_same_tokens(comfy_nodes, pack,
     assert (merged < pruned).all()
 
 
+def test_a_layouts_head_width_reaches_comfyuis_class_which_otherwise_fixes_its_own(comfy_nodes):
+    """ComfyUI's SD1.5 and SDXL classes set the heads whatever a config says (8 heads; heads of 64): the
+    retrained SDXL judge's heads of 32 are set on the class's config, and the other U-Net judges keep the
+    class's."""
+    import comfy.ldm.modules.attention as attention
+
+    def heads(name):
+        model = tm.model_config(tm.LAYOUTS[name]).get_model({}, device="cpu")
+        return {(module.heads, module.dim_head) for module in model.diffusion_model.modules()
+                if isinstance(module, attention.CrossAttention)}
+
+    assert heads("sdxl-1024") == {(1, 32), (2, 32)}  # levels 2 and 3: 32 and 64 wide
+    assert heads("sdxl") == {(1, 64)}
+    assert heads("sd15-512") == {(8, 4), (8, 8)}
+
+
 @pytest.mark.parametrize("name", ["sd15", "flux"])
 def test_the_knocked_out_blocks_give_their_image_tokens_back_and_no_other_block_does(comfy_nodes, pack, name):
     """The sensitivity measure's knock-out (docs/QUALITY.md): the blocks a default setting reduces (the small
@@ -143,12 +159,13 @@ def test_the_knocked_out_blocks_give_their_image_tokens_back_and_no_other_block_
     assert torch.equal(bench.predict_x0(model, layout, latents, 0.5, seed=0), own)
 
 
-def test_the_trained_flux_attends_locally_sd35_and_wan_evenly_and_sdxl_averages_every_key(comfy_nodes, pack):
+def test_the_trained_flux_attends_locally_sd35_and_wan_evenly_and_sdxl_tells_queries_apart(comfy_nodes, pack):
     """Why ToDo's nearest pooling costs the Flux layout most (docs/QUALITY.md): its image queries put several
     times the uniform share of their attention on their 3x3 neighbourhood, which nearest thins to one key in
-    four; SD3.5's and Wan's spread theirs about evenly. And why every setting barely moves the SDXL judge: at the
-    level the pack reduces, every query gets the same output (an average of the values, which merging keeps),
-    where SD1.5's at the same token grid gives each its own."""
+    four; SD3.5's and Wan's spread theirs about evenly. And why the SDXL judge responds since its retraining: at
+    the level the pack reduces, each query gets an output of its own, as SD1.5's do at the same token grid (the
+    first SDXL judge gave every query the same average of the values, 0.02% of the energy off its mean, which
+    merging keeps)."""
     bench = load_bench("quality_bench")
 
     def locality(name):
@@ -161,7 +178,8 @@ def test_the_trained_flux_attends_locally_sd35_and_wan_evenly_and_sdxl_averages_
     assert local["flux"]["3x3"] > 3 * local["flux"]["uniform 3x3"]
     for name in ("sd35", "wan21"):
         assert local[name]["3x3"] < 1.5 * local[name]["uniform 3x3"], name
-    assert local["sdxl-1024"]["output off its mean"] < 0.001 < 0.3 < local["sd15-512"]["output off its mean"]
+    for name in ("sdxl-1024", "sd15-512"):
+        assert local[name]["output off its mean"] > 0.3, name
     assert local["sdxl-1024"]["calls"] == 10 and local["sd15-512"]["calls"] == 5  # the transformer blocks there
 
 
