@@ -79,8 +79,8 @@ def test_the_modules_of_tome_import_one_another_one_way():
 
 
 # The DiT host's modules by job, each importing only those before it (``tome/hosts/comfyui_dit.py``'s docstring).
-DIT_LAYERS = ("comfyui", "dit_settings", "comfyui_dit_swap", "dit_families", "dit_tokens", "comfyui_dit_attention",
-              "dit_token_cache", "comfyui_dit_block", "comfyui_dit")
+DIT_LAYERS = ("comfyui", "dit_settings", "comfyui_dit_swap", "dit_families", "gpu_rule", "dit_tokens",
+              "comfyui_dit_attention", "dit_token_cache", "comfyui_dit_block", "comfyui_dit")
 
 
 def test_the_dit_host_is_split_by_job_each_module_importing_only_those_before_it():

@@ -33,7 +33,8 @@ What both adapters do alike has its one home here: the inputs the nodes offer
 and both check (``MERGE_MODES``, the ``MAX_*`` limits), the sampling window
 (``Window``; a U-Net's ``Reach`` adds the depth), the seeded matching
 (``seeded_plan``) and a plan kept across steps (``kept_plan``), warnings given
-once per run (``first_in_run``), swapped classes and their undo
+once per run (``first_in_run``; a setting measured slower on a GPU at the run's size: ``warn_gpu_loss``,
+the rule in ``gpu_rule``), swapped classes and their undo
 (``mixed_class``, ``without_swapped_classes``) and replacements put into a
 copy of ``patches_replace`` (``with_dit_replacements``).
 """
@@ -60,6 +61,7 @@ PATCH_LISTS = ("attn1_patch", "attn1_output_patch", "attn2_patch", "attn2_output
 OUTER_SAMPLE = "outer_sample"  # comfy.patcher_extension.WrappersMP.OUTER_SAMPLE
 APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
 WRAPPER_KEY = "tome"  # our key for wrappers, so a second node replaces the first instead of stacking
+COMPILE_KEY = "torch.compile"  # TorchCompileModel's apply_model wrapper (comfy_api.torch_helpers.torch_compile)
 RUN_KEY = "tome_run"  # in a sampling run's transformer_options: that run's SamplingRun
 CALL_KEY = "tome_call"  # in a model call's transformer_options (and its blocks' extra_options): its ModelCall
 
@@ -394,7 +396,8 @@ def kept_plan(options, block: Hashable, tokens: torch.Tensor, reuse_steps: int, 
 @dataclass(frozen=True)
 class StartRun:
     """A keyed ``OUTER_SAMPLE`` wrapper: give the sampling run a fresh ``SamplingRun`` (``keeps_plans``: one that
-    keeps merge plans across steps, ``reuse_steps``).
+    keeps merge plans across steps, ``reuse_steps``), and warn once at its start where its settings
+    (``gpu_use``) were measured slower on a GPU than no patch at its size (``warn_gpu_loss``).
 
     ``executor.class_obj`` is the guider, whose ``model_options`` are, for the
     length of the run, a copy made for this run alone: the run state goes
@@ -403,10 +406,14 @@ class StartRun:
     """
 
     keeps_plans: bool = False
+    # What the settings do, as the GPU rule reads them (a ``gpu_rule.GpuUse``), or None: nothing to warn of.
+    gpu_use: object = None
 
     def __call__(self, executor, *args, **kwargs):
         options = executor.class_obj.model_options.setdefault("transformer_options", {})
         run = options[RUN_KEY] = SamplingRun(self.keeps_plans)
+        if self.gpu_use is not None:
+            warn_gpu_loss(self.gpu_use, executor.class_obj, run, (kwargs.get("latent_shapes") or [args[0].shape])[0])
         try:
             out = executor(*args, **kwargs)
         finally:
@@ -418,10 +425,28 @@ class StartRun:
         """What a host checks when a run has ended (a subclass's: nothing here)."""
 
 
-def wants_run_state(model) -> None:
-    """Register a ``StartRun`` keeping plans across steps on ``model`` (once, under our key)."""
+GPU_LOSS_KEY = "gpu loss"  # the run's warning key for a setting measured slower on a GPU at its size
+
+
+def warn_gpu_loss(gpu_use, guider, run: SamplingRun, latent_shape) -> None:
+    """Warn once in ``run`` where ``gpu_use`` (``gpu_rule.GpuUse``) was measured slower than no patch on the
+    device the ``guider`` samples on (its model's load device: the latent is still on the CPU when the run
+    starts), at the size of the run's first latent (``latent_shape``; ComfyUI packs several, as an audio and a
+    video latent, into one tensor and hands their shapes beside it), under torch.compile where ComfyUI's
+    ``TorchCompileModel`` put its wrapper."""
+    options = guider.model_options.get("transformer_options", {})
+    compiled = bool(options.get("wrappers", {}).get(APPLY_MODEL, {}).get(COMPILE_KEY))
+    line = gpu_use.warning(guider.model_patcher.load_device.type, latent_shape, compiled)
+    if line is not None and run.first_warning(GPU_LOSS_KEY):
+        log.warning(line)
+
+
+def wants_run_state(model, keeps_plans: bool, gpu_use=None) -> None:
+    """Register on ``model`` (once, under our key) a ``StartRun`` that keeps plans across steps where
+    ``keeps_plans``, and warns where ``gpu_use`` (``gpu_rule.GpuUse``) loses on a GPU; none where neither."""
     model.remove_wrappers_with_key(OUTER_SAMPLE, WRAPPER_KEY)
-    model.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY, StartRun(keeps_plans=True))
+    if keeps_plans or gpu_use is not None:
+        model.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY, StartRun(keeps_plans, gpu_use))
 
 
 def call_options(transformer_options) -> dict:

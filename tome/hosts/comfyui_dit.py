@@ -13,14 +13,16 @@ it; at the block scope (``comfyui_dit_block``) it puts the block replacements
 on the call; on Wan VACE it marks the main blocks while they run
 (``MainBlockMark``), on Wan 2.2 S2V it hands the blocks their options
 (``OptionsHanded``). The ``outer_sample`` wrapper (``DiTRunStart``) gives each
-sampling run its own state and, when the run ends, warns where no model call
-reached a scope's hooks (a step cache's forward that calls the blocks without
-them).
+sampling run its own state, warns at its start where the settings were measured
+slower on a GPU at its size (``gpu_rule``) and, when the run ends, warns where
+no model call reached a scope's hooks (a step cache's forward that calls the
+blocks without them).
 
 The modules of the DiT host, each importing only those before it: ``comfyui``
 (ComfyUI's conventions, shared with the U-Net), ``dit_settings`` (the
 settings and option keys), ``comfyui_dit_swap`` (the swapped block classes),
 ``dit_families`` (each family: recognised, laid out, its block arguments),
+``gpu_rule`` (the settings measured slower on a GPU, shared with the U-Net),
 ``dit_tokens`` (the token operations both scopes share),
 ``comfyui_dit_attention`` (the attention scope), ``dit_token_cache`` (what a
 block computes instead of merging under ``token_cache``), ``comfyui_dit_block``
@@ -78,6 +80,7 @@ from .dit_settings import (
     DiTToMe,
     TokenCaching,
 )
+from .gpu_rule import TODO, TOME, Setting, gpu_use
 
 log = logging.getLogger(__name__)
 
@@ -286,14 +289,24 @@ def with_reduction(model, family: str, reduction: DiTReduction):
     if blocks is not None:
         swap_family_blocks(patched, blocks)
     attention = any(s is not None and s.scope == SCOPE_ATTENTION for s in (reduction.todo, reduction.tome))
-    patched.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY,
-                                 LayoutWrapper(dit_spec(patched, family), blocks, attention))
+    spec = dit_spec(patched, family)
+    patched.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, LayoutWrapper(spec, blocks, attention))
     # A run that keeps plans or token caches across steps reads its schedule with its first sigma.
     keeps_plans = blocks is not None and blocks.tome is not None and \
         (blocks.tome.reuse_steps > 1 or blocks.tome.token_cache is not None)
     patched.add_wrapper_with_key(OUTER_SAMPLE, WRAPPER_KEY,
-                                 DiTRunStart(keeps_plans, scopes_of(attention, blocks is not None)))
+                                 DiTRunStart(keeps_plans, gpu_use(family, gpu_settings(reduction), spec.patch),
+                                             scopes=scopes_of(attention, blocks is not None)))
     return patched
+
+
+def gpu_settings(reduction: DiTReduction) -> list[Setting]:
+    """``reduction``'s settings as the GPU rule reads them (``gpu_rule``): each at its scope, but ToMe's token
+    cache, which no GPU measured."""
+    settings = [Setting(TODO, reduction.todo.scope)] if reduction.todo is not None else []
+    if reduction.tome is not None and reduction.tome.token_cache is None:
+        settings.append(Setting(TOME, reduction.tome.scope))
+    return settings
 
 
 def base_reduction(model) -> DiTReduction:

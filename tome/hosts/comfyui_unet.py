@@ -18,7 +18,9 @@ outside a compiled graph (see ``comfyui``); ``apply_tome`` and
 ``apply_todo`` clone the model and register them, with the ``apply_model``
 wrapper that gives each model call one ``ModelCall``: the sigma that the step
 window, the seed and the step need is read from the device once per model
-call, not once per block. No ComfyUI import.
+call, not once per block; and, where the patches want one, the ``outer_sample``
+wrapper that starts each run (``wants_run_start``: plans kept across steps, the
+warning of ``gpu_rule``). No ComfyUI import.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from .comfyui import (
     without_patches,
     without_swapped_classes,
 )
+from .gpu_rule import SELF_ATTENTION, TODO, TOME, WIDER, Setting, gpu_use, unet_family
 
 log = logging.getLogger(__name__)
 
@@ -276,6 +279,18 @@ def without_merged_feed_forwards(model) -> None:
     without_swapped_classes(model, MergedFeedForward)
 
 
+def wants_run_start(model) -> None:
+    """Register the run start that ``model``'s patches want (``comfyui.wants_run_state``), read from them: plans
+    kept where its ToMe patch reuses them across steps, the GPU rule's settings (``gpu_rule``) where one of them
+    was measured slower on a GPU at some size; none where neither."""
+    attn1 = model.model_options["transformer_options"].get("patches", {}).get("attn1_patch", [])
+    tome = next((p.settings for p in attn1 if isinstance(p, ToMeAttn1Patch)), None)
+    settings = [Setting(TOME, SELF_ATTENTION if tome.modules == SCOPE_SELF else WIDER)] if tome is not None else []
+    if any(isinstance(p, ToDoAttn1Patch) for p in attn1):
+        settings.append(Setting(TODO, SELF_ATTENTION))
+    wants_run_state(model, tome is not None and tome.reuse_steps > 1, gpu_use(unet_family(model), settings))
+
+
 def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max_downsample: str = "auto",
                seed: int = 0, use_rand: bool = True, merge: str = MERGE_QKV, start_percent: float = 0.0,
                end_percent: float = 1.0, scope: str = SCOPE_SELF, reuse_steps: int = 1, reduce: str = MEAN):
@@ -302,6 +317,7 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
     without_patches(patched.model_options["transformer_options"].setdefault("patches", {}), TOME_PATCH_TYPES)
     without_merged_feed_forwards(patched)
     if ratio <= 0.0:
+        wants_run_start(patched)
         return patched
     patched.set_model_attn1_patch(ToMeAttn1Patch(settings))
     patched.set_model_attn1_output_patch(ToMeUnmergePatch(PLAN_KEY))
@@ -312,8 +328,7 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
         for key in feed_forward_class_keys(patched):
             patched.add_object_patch(key, merged_class(patched.get_model_object(key)))
     wants_model_calls(patched)
-    if reuse_steps > 1:
-        wants_run_state(patched)
+    wants_run_start(patched)
     return patched
 
 
@@ -344,4 +359,5 @@ def apply_todo(model, *, downsample_factor: int, max_downsample: str = "auto", m
         first_tome = next((i for i, p in enumerate(attn1) if isinstance(p, TOME_PATCH_TYPES)), len(attn1))
         attn1.insert(first_tome, ToDoAttn1Patch(settings))
         wants_model_calls(patched)
+    wants_run_start(patched)
     return patched
