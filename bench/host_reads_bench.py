@@ -35,6 +35,9 @@ def block_rows(pack_unet, pack_comfyui) -> list[dict]:
     model = pack_unet.apply_tome(host_reads.build_model("SD1.5"), ratio=0.5)
     call = pack_comfyui.ModelCall(torch.tensor([5.0]))
     call.sigma()  # the model call's one read, made before its blocks run
+    # The grid's destination table is made once per process (tome.partition.cell_positions): counted as every block
+    # after the first on that grid finds it.
+    host_reads.block_merge_counts(model, tokens, BLOCK_GRID, model_call={pack_comfyui.CALL_KEY: call})
     ours = host_reads.block_merge_counts(model, tokens, BLOCK_GRID, model_call={pack_comfyui.CALL_KEY: call})
     theirs = host_reads.tomesd_block_merge_counts(tokens, BLOCK_GRID)
     return [{"merge": name, "host_reads": c.host_reads, "blocking_copies": c.blocking_copies, "ops": c.n_ops}
@@ -61,7 +64,8 @@ def main() -> None:
     rows = []
     for name in args.models:
         base = host_reads.build_model(name)
-        rows += [host_reads.added_per_call(comfy_nodes, pack_models, name, node, base) for node in host_reads.NODES]
+        rows += [host_reads.added_per_call(comfy_nodes, pack_models, name, node, base)
+                 for node in host_reads.nodes_for(name)]
     blocks = block_rows(comfyui_host.pack_module("tome.hosts.comfyui_unet"),
                         comfyui_host.pack_module("tome.hosts.comfyui"))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -107,13 +107,9 @@ def todo(factor: int, method: str = "nearest", **inputs) -> Callable:
 
 
 def one_matching_a_call(**inputs) -> Callable:
-    """ToMe 0.5 at the block scope with one matching for every block of a model call (``tome_harness.block_reuse``:
-    no node offers it)."""
-    from tome.hosts.comfyui_dit import SCOPE_BLOCK
-    from tome_harness.block_reuse import EVERY_BLOCK, with_reuse_blocks
-
-    return lambda pack, model, layout: with_reuse_blocks(
-        pack.dit.apply_tome_dit(model, ratio=0.5, dit_scope=SCOPE_BLOCK, **inputs), EVERY_BLOCK)
+    """ToMe 0.5 with one matching for every block of a model call (Apply ToMe (Advanced)'s ``share_matching``);
+    ``inputs``: the node's others (the block scope and its skips)."""
+    return tome(0.5, share_matching=True, **inputs)
 
 
 def token_cache(ratio: float, **caching) -> Callable:
@@ -279,9 +275,10 @@ def settings() -> list[Setting]:
                                                    skip_last_blocks=0), dit_only=True),
         # One matching serving several blocks of a model call, or a block's matching several steps (issue 33:
         # reuse where the bench shows it free).
-        Setting("ToMe 0.5 block, one matching a call", one_matching_a_call(), dit_only=True),
+        Setting("ToMe 0.5, one matching a call", one_matching_a_call()),
+        Setting("ToMe 0.5 block, one matching a call", one_matching_a_call(dit_scope=SCOPE_BLOCK), dit_only=True),
         Setting("ToMe 0.5 block, skip 1:1, one matching a call", one_matching_a_call(
-            skip_first_blocks=1, skip_last_blocks=1), dit_only=True),
+            dit_scope=SCOPE_BLOCK, skip_first_blocks=1, skip_last_blocks=1), dit_only=True),
         Setting("ToMe 0.5 block, reuse 2 steps", tome(0.5, dit_scope=SCOPE_BLOCK, reuse_steps=2), dit_only=True),
         Setting("ToMe 0.5 block, reuse 4 steps", tome(0.5, dit_scope=SCOPE_BLOCK, reuse_steps=4), dit_only=True),
         Setting("prune 0.5 block", tome(0.5, dit_scope=SCOPE_BLOCK, reduce=PRUNE), dit_only=True),

@@ -41,10 +41,10 @@ def downsample_tokens(x: torch.Tensor, w: int, h: int, factor: int, method: str 
         raise ValueError(f"{n_tokens} tokens do not form a {h}x{w} grid")
     if factor == 1:
         return x
+    if method == NEAREST:  # the cells' first tokens, taken in the tokens' own layout: one copy
+        return x.unflatten(1, (h, w))[:, ::factor, ::factor].flatten(1, 2)
     grid = x.transpose(1, 2).reshape(batch, channels, h, w)
-    if method == NEAREST:
-        pooled = grid[:, :, ::factor, ::factor]
-    elif method == AVERAGE:
+    if method == AVERAGE:
         pooled = F.avg_pool2d(grid, factor, factor, ceil_mode=True)
     else:
         pooled = F.max_pool2d(grid, factor, factor, ceil_mode=True)

@@ -42,10 +42,14 @@ class MergePlan:
     - ``dst_of_src [B, r, 1]``: for each merged source, the index (into the
       destination list) of the destination it joins.
 
-    A merged tensor is laid out as ``unmerged sources | destinations``.
+    A merged tensor is laid out as ``unmerged sources | destinations``. ``merge``
+    and ``unmerge`` take tokens ``[B, N, C]``, or with any other dimensions, the
+    tokens along ``dim`` (a DiT's ``[B, heads, N, D]``, merged in its own layout
+    rather than copied into another).
     """
 
-    __slots__ = ("n_tokens", "dst_pos", "unm_pos", "src_pos", "dst_of_src", "_kept_pos", "_source_index")
+    __slots__ = ("n_tokens", "dst_pos", "unm_pos", "src_pos", "dst_of_src", "_kept_pos", "_dst_slot",
+                 "_source_index", "_expanded")
 
     def __init__(self, n_tokens: int, dst_pos: torch.Tensor, unm_pos: torch.Tensor,
                  src_pos: torch.Tensor, dst_of_src: torch.Tensor):
@@ -54,10 +58,13 @@ class MergePlan:
         self.unm_pos = unm_pos
         self.src_pos = src_pos
         self.dst_of_src = dst_of_src
-        # Index maps for merge and unmerge, made on first use and kept: one plan serves several tensors
-        # (q, k and v; the cross-attention and MLP inputs too), each then a single gather.
+        # Index maps for merge and unmerge, made on first use and kept, and their views expanded to each shape
+        # of tokens they met: one plan serves several tensors (q, k and v; the cross-attention and MLP inputs
+        # too; a key's lengths), each then one gather (and one scatter) with no index work of its own.
         self._kept_pos = None
+        self._dst_slot = None
         self._source_index = None
+        self._expanded: dict[tuple, torch.Tensor] = {}
 
     @property
     def removed(self) -> int:
@@ -72,35 +79,58 @@ class MergePlan:
             self._kept_pos = torch.cat([self.unm_pos, self.dst_pos.expand(batch, -1, -1)], dim=1)
         return self._kept_pos
 
+    def dst_slot(self) -> torch.Tensor:
+        """``[B, removed, 1]``: for each merged source, the merged token (``kept_pos``'s order) it joins."""
+        if self._dst_slot is None:
+            self._dst_slot = self.dst_of_src + self.unm_pos.shape[1]
+        return self._dst_slot
+
     def source_index(self) -> torch.Tensor:
         """``[B, N, 1]``: for each grid position, the merged token whose value it takes back on unmerge."""
         if self._source_index is None:
-            batch, n_unm = self.unm_pos.shape[:2]
-            index = torch.empty(batch, self.n_tokens, 1, dtype=torch.long, device=self.dst_pos.device)
+            batch = self.unm_pos.shape[0]
             kept = self.kept_pos()
+            index = torch.empty(batch, self.n_tokens, 1, dtype=torch.long, device=self.dst_pos.device)
             index.scatter_(1, kept, torch.arange(kept.shape[1], device=index.device).view(1, -1, 1)
                            .expand(batch, -1, -1))
-            index.scatter_(1, self.src_pos, self.dst_of_src + n_unm)
+            index.scatter_(1, self.src_pos, self.dst_slot())
             self._source_index = index
         return self._source_index
 
-    def merge(self, x: torch.Tensor, mode: str = "mean") -> torch.Tensor:
-        """``x [B, N, C] -> [B, N - removed, C]``; ``mode`` is a ``scatter_reduce`` reduction, or ``PRUNE``:
-        the merged sources are dropped and every destination keeps its own value (the baseline that removes
-        the same tokens without averaging them)."""
-        n, _, c = x.shape
-        n_unm = self.unm_pos.shape[1]
-        merged = x.gather(1, self.kept_pos().expand(n, -1, c))
+    def prepare(self) -> None:
+        """Make ``unmerge``'s index map now (kept once made): where it must not be made inside a compiled
+        graph."""
+        self.source_index()
+
+    def _index(self, name: str, index: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """``index [B, n, 1]`` viewed and expanded to index the tokens of ``x``, which lie along ``dim`` (``n`` of
+        them, every other dimension whole), kept per name, dimension and shape."""
+        key = (name, dim, x.shape[:dim], x.shape[dim + 1:])
+        expanded = self._expanded.get(key)
+        if expanded is None:
+            batch, n = index.shape[:2]
+            shaped = index if dim == 1 and x.dim() == 3 else index.view(batch, *(1,) * (dim - 1), n,
+                                                                         *(1,) * (x.dim() - dim - 1))
+            expanded = shaped.expand(*x.shape[:dim], n, *x.shape[dim + 1:])
+            if not torch.compiler.is_compiling():  # a traced view is the graph's, never kept for eager calls
+                self._expanded[key] = expanded
+        return expanded
+
+    def merge(self, x: torch.Tensor, mode: str = "mean", dim: int = 1) -> torch.Tensor:
+        """``x [B, N, ...] -> [B, N - removed, ...]`` (the tokens along ``dim``: 2 for a DiT's ``[B, heads, N,
+        D]``, merged in its own layout); ``mode`` is a ``scatter_reduce`` reduction, or ``PRUNE``: the merged
+        sources are dropped and every destination keeps its own value (the baseline that removes the same
+        tokens without averaging them)."""
+        merged = x.gather(dim, self._index("kept", self.kept_pos(), x, dim))
         if mode == PRUNE:
             return merged
-        src = x.gather(1, self.src_pos.expand(n, -1, c))
-        merged[:, n_unm:].scatter_reduce_(1, self.dst_of_src.expand(n, -1, c), src, reduce=mode)
-        return merged
+        src = x.gather(dim, self._index("src", self.src_pos, x, dim))
+        return merged.scatter_reduce_(dim, self._index("slot", self.dst_slot(), src, dim), src, reduce=mode)
 
-    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [B, N - removed, C] -> [B, N, C]``: every merged source gets its destination's value."""
-        n, _, c = x.shape
-        return x.gather(1, self.source_index().expand(n, -1, c))
+    def unmerge(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """``x [B, N - removed, ...] -> [B, N, ...]`` (tokens along ``dim``): every merged source gets its
+        destination's value."""
+        return x.gather(dim, self._index("source", self.source_index(), x, dim))
 
     def destination_of(self) -> torch.Tensor:
         """``[B, N]``: the grid position whose value each token has after ``unmerge(merge(x))``.
@@ -121,11 +151,15 @@ class IdentityPlan:
     removed = 0
 
     @staticmethod
-    def merge(x: torch.Tensor, mode: str = "mean") -> torch.Tensor:
+    def prepare() -> None:
+        """Nothing to make."""
+
+    @staticmethod
+    def merge(x: torch.Tensor, mode: str = "mean", dim: int = 1) -> torch.Tensor:
         return x
 
     @staticmethod
-    def unmerge(x: torch.Tensor) -> torch.Tensor:
+    def unmerge(x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         return x
 
 
@@ -157,9 +191,10 @@ def best_destinations(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, t
     b_t = b.transpose(-1, -2)
     batch, rows, _ = a.shape
     blocks = row_blocks(rows, SCORE_BLOCK_BYTES // (batch * b.shape[1] * a.element_size()))
+    # bmm, not @: the same kernel that matmul of two 3-D tensors reaches, without its five views.
     if a.device.type != "cpu" or len(blocks) == 1:
-        return (a @ b_t).max(dim=-1)
-    best = [(a[:, start:stop] @ b_t).max(dim=-1) for start, stop in blocks]
+        return torch.bmm(a, b_t).max(dim=-1)
+    best = [torch.bmm(a[:, start:stop], b_t).max(dim=-1) for start, stop in blocks]
     return torch.cat([score for score, _ in best], dim=1), torch.cat([index for _, index in best], dim=1)
 
 
@@ -172,8 +207,10 @@ def match(metric: torch.Tensor, partition: Partition, r: int) -> MergePlan:
     batch, n_tokens, channels = metric.shape
     with torch.no_grad():
         metric = metric / metric.norm(dim=-1, keepdim=True)
-        a = metric.gather(1, partition.src_pos.expand(batch, -1, channels))
-        b = metric.gather(1, partition.dst_pos.expand(batch, -1, channels))
+        # Destinations and sources in one gather (the partition's order), then its two parts.
+        ordered = metric.gather(1, partition.order.expand(batch, -1, channels))
+        n_dst = partition.dst_pos.shape[1]
+        b, a = ordered[:, :n_dst], ordered[:, n_dst:]
         r = min(a.shape[1], r)
 
         node_max, node_idx = best_destinations(a, b)

@@ -22,16 +22,17 @@ def keeping_norms(average: Callable[[torch.Tensor], torch.Tensor], x: torch.Tens
     """``average(x)``, each head of each averaged token scaled to the mean length of that head's vectors in the
     tokens averaged into it.
 
-    ``average`` maps ``[B, N, C] -> [B, M, C]`` by taking means of groups of tokens (any ``C``: it also averages
-    the ``[B, N, heads]`` lengths); ``x [B, N, heads * D]`` or ``[B, N, heads, D]``, returned in the same form.
+    ``average`` maps ``[B, N, ...] -> [B, M, ...]`` by taking means of groups of tokens (any trailing shape: it
+    averages ``[B, N, heads, D]`` and the ``[B, N, heads]`` lengths); ``x [B, N, heads * D]`` or
+    ``[B, N, heads, D]``, returned in the same form.
     Tokens averaged alone keep their length up to rounding. Lengths are taken in at least float32: squares of
     half-precision vectors overflow.
     """
-    batch, n = x.shape[:2]
-    per_head = x.reshape(batch, n, heads, -1)
+    per_head = x.unflatten(-1, (heads, -1)) if x.dim() == 3 else x
     precision = torch.float64 if x.dtype == torch.float64 else torch.float32
     lengths = torch.linalg.vector_norm(per_head, dim=-1, dtype=precision)
-    averaged = average(per_head.reshape(batch, n, -1)).reshape(batch, -1, heads, per_head.shape[-1])
+    averaged = average(per_head)
     shortened = torch.linalg.vector_norm(averaged, dim=-1, dtype=precision)
     scale = average(lengths) / shortened.clamp_min(torch.finfo(precision).tiny)
-    return (averaged * scale.unsqueeze(-1).to(averaged.dtype)).reshape(batch, -1, *x.shape[2:])
+    kept = averaged * scale.unsqueeze(-1).to(averaged.dtype)
+    return kept if x.dim() != 3 else kept.flatten(-2)

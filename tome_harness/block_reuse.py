@@ -1,5 +1,7 @@
-"""One ToMe matching for several blocks of a model call (``reuse_blocks``): measured by the benches, offered by no
-node (docs/DITS.md "A matching reused" says what it saves and costs, and why no row recommends it).
+"""One ToMe matching for several blocks of a model call (``reuse_blocks``), measured by the benches (docs/DITS.md "A
+matching reused" says what it saves and costs, and why no row recommends it). One matching for every block
+(``EVERY_BLOCK``) is what Apply ToMe (Advanced)'s ``share_matching`` does, bit for bit on a model of one token grid
+(``tests/comfy/test_share_matching.py``); a matching for a few blocks at a time no node offers.
 
 The block scope (``tome.hosts.comfyui_dit_block``) matches ToMe's plan at every block call. ``with_reuse_blocks``
 gives a model patched at the block scope a scope whose plan, matched at one block, serves the next

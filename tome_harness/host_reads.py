@@ -122,17 +122,35 @@ MODELS = {
 }
 TEXT_TOKENS, TEXT_WIDTH = 7, 32
 # Each node as a user sets it: Apply ToMe's defaults; Apply ToMe (Advanced) with what decides per call (a
-# step window, reuse_steps, the widest scope: ignored on a DiT, with a warning); Apply ToDo with nearest and
-# with average pooling (its default, auto, is one of the two per family).
+# step window, reuse_steps, the widest scope: ignored on a DiT, with a warning), with the widest scope alone (U-Nets),
+# with one matching a call (share_matching) and at the block scope (DiTs, every block); Apply ToDo with nearest and
+# with average pooling (its default, auto, is one of the two per family), and at the block scope (DiTs).
+WIDEST = "self-attention, cross-attention and MLP"
+EVERY_BLOCK = {"dit_scope": "block", "skip_first_blocks": 0, "skip_last_blocks": 0}
 NODES = {
     "Apply ToMe": ("tome", {"ratio": 0.5}),
     "Apply ToMe (Advanced)": ("tome", {"ratio": 0.5, "start_percent": 0.0, "end_percent": 0.7, "reuse_steps": 2,
-                                       "scope": "self-attention, cross-attention and MLP"}),
-    "Apply ToMe (token cache)": ("tome", {"ratio": 0.5, "dit_scope": "block", "skip_first_blocks": 0,
-                                          "skip_last_blocks": 0, "token_cache": True}),
+                                       "scope": WIDEST}),
+    "Apply ToMe (widest scope)": ("tome", {"ratio": 0.5, "scope": WIDEST}),
+    "Apply ToMe (share_matching)": ("tome", {"ratio": 0.5, "share_matching": True}),
+    "Apply ToMe (block)": ("tome", {"ratio": 0.5, **EVERY_BLOCK}),
+    "Apply ToMe (block, share_matching)": ("tome", {"ratio": 0.5, "share_matching": True, **EVERY_BLOCK}),
+    "Apply ToMe (token cache)": ("tome", {"ratio": 0.5, "token_cache": True, **EVERY_BLOCK}),
     "Apply ToDo": ("todo", {"downsample_factor": 2, "method": "nearest"}),
     "Apply ToDo (average)": ("todo", {"downsample_factor": 2, "method": "average"}),
+    "Apply ToDo (block)": ("todo", {"downsample_factor": 2, "method": "nearest", **EVERY_BLOCK}),
 }
+UNET_ONLY = frozenset({"Apply ToMe (widest scope)"})  # the widest scope means nothing on a DiT
+DIT_ONLY = frozenset({"Apply ToMe (block)", "Apply ToMe (block, share_matching)", "Apply ToMe (token cache)",
+                      "Apply ToDo (block)"})
+
+
+def nodes_for(name: str) -> list[str]:
+    """The keys of ``NODES`` that mean something on ``MODELS[name]``."""
+    unet = MODELS[name].channels is not None
+    return [node for node in NODES if node not in (DIT_ONLY if unet else UNET_ONLY)]
+
+
 STEPS = 3
 
 

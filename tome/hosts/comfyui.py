@@ -15,7 +15,7 @@ sampling run's (``reuse_steps``'s plans, the warnings given once per run) is a
 ``SamplingRun`` put there by a keyed ``OUTER_SAMPLE`` wrapper, which ComfyUI
 calls once per run on a copy of the model options made for that run. A model
 call's (its sigma, read from the device once; the DiT's count of attention
-calls) is a ``ModelCall`` put into a copy of the call's options by a keyed
+calls; the plans its blocks share) is a ``ModelCall`` put into a copy of the call's options by a keyed
 ``APPLY_MODEL`` wrapper; ComfyUI hands every block of the call those options
 (a U-Net block copies them into its ``extra_options``), so all of them share
 it. Both end with their run or call, on every host, so no ``cleanup()`` has
@@ -92,7 +92,8 @@ class ModelCall:
     queue 16 times. Where the call's sampling ``run`` keeps plans across steps
     and has not read its ``schedule`` yet, the same read brings the schedule
     (its first call would otherwise wait twice). ``next_attention()``: the index
-    of the call's next image attention call (the DiT's seeds). A model call runs
+    of the call's next image attention call (the DiT's seeds). ``plan()``: the
+    plans the call's blocks share (``shared_plan``). A model call runs
     in one thread (cond and uncond in two threads are two calls), so nothing here
     needs a lock.
     """
@@ -105,6 +106,7 @@ class ModelCall:
         self._run = run
         self._schedule = schedule
         self._attention_calls = 0
+        self._plans: dict[Hashable, object] = {}
 
     def sigma(self) -> float | None:
         if self._sigma is None and self._sigmas is not None:
@@ -143,6 +145,13 @@ class ModelCall:
         index = self._attention_calls
         self._attention_calls += 1
         return index
+
+    def plan(self, key: Hashable, make: Callable[[], object]):
+        """The plan this call made under ``key``, else ``make()``'s, kept for the rest of the call."""
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = make()
+        return plan
 
 
 def model_call(options) -> ModelCall:
@@ -380,6 +389,13 @@ def batch_of_conds(options) -> tuple:
     apart, in one thread or two): the conds in it (``uuids``), else ``cond_or_uncond``. Part of a kept plan's
     key."""
     return tuple(options.get("uuids") or options.get("cond_or_uncond") or ())
+
+
+def shared_plan(options, scope: str, grid: tuple, tokens: torch.Tensor, make: Callable[[], object]):
+    """ToMe's plan shared by every block of a model call on ``grid`` (``share_matching``, ToMA's reuse): ``make()``
+    at the first block of the call that reaches ``scope`` with tokens of this shape and device, the same plan at
+    every later one. A model call runs in one thread (cond and uncond in two are two calls): no lock."""
+    return model_call(options).plan((scope, tuple(grid), tuple(tokens.shape), str(tokens.device)), make)
 
 
 def kept_plan(options, block: Hashable, tokens: torch.Tensor, reuse_steps: int, make: Callable[[], object]):

@@ -405,7 +405,7 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
                    end_percent: float = 1.0, reduce: str = MEAN, keep_norms: bool = True,
                    dit_scope: str = SCOPE_ATTENTION, skip_first_blocks: int = SKIP_FIRST_BLOCKS,
                    skip_last_blocks: int = SKIP_LAST_BLOCKS, reuse_steps: int = 1,
-                   token_cache: TokenCaching | None = None):
+                   token_cache: TokenCaching | None = None, share_matching: bool = False):
     """Clone ``model`` (a DiT) with ToMe in its image self-attention: the image tokens of q, k and v (or those
     ``merge`` names) merged per frame, the queries unmerged after. Ratio 0 removes an earlier ToMe; a second
     call replaces the first. ``dit_scope`` ``block``: the image tokens are merged at the entry of each block but
@@ -416,7 +416,8 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
     the quality bench measures what that costs). At the block scope a block's matching serves ``reuse_steps``
     consecutive steps; with ``token_cache`` a block does not merge but computes ``1 - ratio`` of the image tokens
     and gives the rest their own cached change (``dit_token_cache``; strides, seed, ``use_rand`` and
-    ``reuse_steps`` have no meaning then)."""
+    ``reuse_steps`` have no meaning then). ``share_matching``: one matching per model call, made at the first
+    image attention call (or reduced block) and shared by the rest (``comfyui.shared_plan``)."""
     family = known_family(model, "Apply ToMe")
     if family is None:
         return model
@@ -429,6 +430,9 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
         log.warning("Apply ToMe: reuse_steps=%d has no meaning at dit_scope 'attention' (every attention call "
                     "matches afresh) and is ignored", reuse_steps)
     token_cache = checked_token_cache(token_cache, scope, ratio, reuse_steps)
+    if token_cache is not None and share_matching:
+        log.warning("Apply ToMe: share_matching has no meaning with token_cache (no block matches) and is ignored")
+        share_matching = False
     current = base_reduction(model)
     if not reduces(scope, blocks):
         ratio = 0.0
@@ -442,5 +446,5 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
                        seed=seed, use_rand=use_rand, merge=merge, reduce=reduce, keep_norms=keep_norms,
                        scope=scope, blocks=blocks,
                        reuse_steps=reuse_steps if scope == SCOPE_BLOCK and token_cache is None else 1,
-                       token_cache=token_cache)
+                       token_cache=token_cache, share_matching=share_matching)
     return with_reduction(model, family, dataclasses.replace(current, tome=tome))

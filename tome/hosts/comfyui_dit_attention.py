@@ -28,9 +28,11 @@ order); merged queries' outputs are put back in their places after.
 
 Tensor layouts differ by model: ``[B, H, L, D]`` with ``skip_reshape`` (Flux,
 Qwen-Image, Lumina 2), ``[B, L, H*D]`` (Wan, SD3's q and k) and ``[B, L, H, D]``
-(SD3's v). Every operation here works in the token-major view (``[B, L, ...]``,
-a transpose for heads-major tensors), where the image tokens of Flux's strided
-single-block views are gathered without copying whole sequences.
+(SD3's v). Every operation here works on the tensors in their own layout, along
+their token dimension (2 for heads-major ones), so that what reaches the
+attention is laid out as the model made it: a reduced heads-major tensor built
+token-major would be copied again by the attention call. The image tokens of
+Flux's strided single-block views are gathered without copying whole sequences.
 
 There is one override slot: an override already on the model is kept and
 called instead of ``func``; one another node puts over ours at run time is
@@ -50,7 +52,7 @@ import torch
 from ..downsample import AVERAGE
 from ..merge import IDENTITY, MEAN
 from ..norms import keeping_norms
-from .comfyui import MERGE_KV, MERGE_Q, MERGE_QKV, eager, first_in_run, model_call
+from .comfyui import MERGE_KV, MERGE_Q, MERGE_QKV, eager, first_in_run, model_call, shared_plan
 from .dit_families import ImageLayout
 from .dit_settings import LAYOUT_KEY, MAIN_BLOCK_KEY, OVERRIDE_KEY, SCOPE_ATTENTION, DiTToDo, DiTToMe
 from .dit_tokens import frame_plan, pool_grid, pools, replace_span
@@ -84,11 +86,13 @@ class DiTReduction:
         if layout is None or mask is not None or len(args) < 3 or options.get(MAIN_BLOCK_KEY) is False:
             return attention(*args, **kwargs)  # MAIN_BLOCK_KEY False: in a VACE control block
         heads_major = bool(kwargs.get("skip_reshape", False))
-        q, k, v = (token_major(t, heads_major) for t in args[:3])
+        seq = 2 if heads_major else 1  # where the tokens lie: every tensor is reduced in its own layout
+        q, k, v = args[:3]
         # Self-attention only: cross-attention has as many keys as context tokens, never as many as queries
         # unless the layout already left that length out.
-        self_attention = q.shape[1] == k.shape[1] == v.shape[1]
-        start = layout.start(k.shape[1]) if self_attention else None
+        length = k.shape[seq]
+        self_attention = q.shape[seq] == length == v.shape[seq]
+        start = layout.start(length) if self_attention else None
         if start is not None:  # an image self-attention reached the override (a text refiner's is no sign)
             model_call(options).reached.add(SCOPE_ATTENTION)
         todo, tome = (s if s is not None and s.scope == SCOPE_ATTENTION and s.window.in_window(options) else None
@@ -96,70 +100,74 @@ class DiTReduction:
         if todo is None and tome is None:
             return attention(*args, **kwargs)
         if start is None:
-            if self_attention and not layout.recognises(k.shape[1]):
-                warn_unrecognised(options, k.shape[1], layout)
+            if self_attention and not layout.recognises(length):
+                warn_unrecognised(options, length, layout)
             return attention(*args, **kwargs)
         call_index = model_call(options).next_attention()
-        order = image_first(layout, start, k.shape[1], k.device)
+        order = image_first(layout, start, length, k.device)
         if order is not None:  # the image one span at 0: keys and values in any order attend alike
-            k, v = (t.index_select(1, order) for t in (k, v))
+            k, v = (t.index_select(seq, order) for t in (k, v))
             start = 0
+        n = layout.n_tokens
         plan = IDENTITY
         if tome is not None:
-            plan = frame_plan(tome, k[:, start:start + layout.n_tokens], layout.grid, call_index, options)
+            tokens = token_major(span(k, start, n, seq), heads_major)
+            plan = shared_plan(options, SCOPE_ATTENTION, layout.grid, tokens, lambda: frame_plan(
+                tome, tokens, layout.grid, call_index, options)) if tome.share_matching else \
+                frame_plan(tome, tokens, layout.grid, call_index, options)
         merge_q = plan is not IDENTITY and tome.merge in (MERGE_QKV, MERGE_Q)
         merge_kv = plan is not IDENTITY and tome.merge in (MERGE_QKV, MERGE_KV) and todo is None
         heads = heads_of(args, kwargs)
         if todo is not None:
-            k = self.pooled(todo, k, start, layout, heads=heads if todo.keep_norms else None)
-            v = self.pooled(todo, v, start, layout)
+            k = self.pooled(todo, k, start, layout, seq, heads=heads if todo.keep_norms else None)
+            v = self.pooled(todo, v, start, layout, seq)
         elif merge_kv:
-            k = self.merged(plan, k, start, layout.n_tokens, tome.reduce, heads=heads if tome.keep_norms else None)
-            v = self.merged(plan, v, start, layout.n_tokens, tome.reduce)
+            k = self.merged(plan, k, start, n, tome.reduce, seq, heads=heads if tome.keep_norms else None)
+            v = self.merged(plan, v, start, n, tome.reduce, seq)
         if merge_q:  # the plain mean: a merged query attends more evenly, nearer its tokens' mean output
-            q = self.merged(plan, q if order is None else q.index_select(1, order), start, layout.n_tokens,
-                            tome.reduce)
-        out = attention(*(token_major(t, heads_major) for t in (q, k, v)), *args[3:], **kwargs)
+            q = self.merged(plan, q if order is None else q.index_select(seq, order), start, n, tome.reduce, seq)
+        out = attention(q, k, v, *args[3:], **kwargs)
         if not merge_q:
             return out
-        out_heads_major = heads_major and bool(kwargs.get("skip_output_reshape", False))
-        out = self.unmerged(plan, token_major(out, out_heads_major), start, layout.n_tokens)
+        out_seq = 2 if heads_major and kwargs.get("skip_output_reshape", False) else 1
+        out = self.unmerged(plan, out, start, n, out_seq)
         if order is not None:  # each query's output back to its place in the sequence
-            out = torch.empty_like(out).index_copy_(1, order, out)
-        return token_major(out, out_heads_major)
+            out = torch.empty_like(out).index_copy_(out_seq, order, out)
+        return out
 
     @staticmethod
-    def merged(plan, x: torch.Tensor, start: int, n: int, mode: str, heads: int | None = None) -> torch.Tensor:
-        """``x [B, L, ...]`` with its ``n`` image tokens from ``start`` merged by ``plan`` (``mode``: ``MEAN``
-        or ``PRUNE``). ``heads``: given for keys, whose lengths the mean keeps (``tome.norms``)."""
-        image = x[:, start:start + n]
-        if heads is not None and mode == MEAN:
-            image = keeping_norms(lambda t: plan.merge(t, MEAN), image, heads)
-        else:
-            image = plan.merge(image, mode)
-        return replace_span(x, start, n, image)
-
-    @staticmethod
-    def unmerged(plan, out: torch.Tensor, start: int, n: int) -> torch.Tensor:
-        """The attention output ``out [B, L - removed, ...]`` of merged queries, every image query given its
-        destination's output back: ``[B, L, ...]``."""
-        kept = n - plan.removed
-        return replace_span(out, start, kept, plan.unmerge(out[:, start:start + kept]))
-
-    @staticmethod
-    def pooled(todo: DiTToDo, x: torch.Tensor, start: int, layout: ImageLayout,
+    def merged(plan, x: torch.Tensor, start: int, n: int, mode: str, seq: int,
                heads: int | None = None) -> torch.Tensor:
-        """``x [B, L, ...]`` with its image tokens pooled, or as it is where the grid is smaller than a cell.
+        """``x`` with its ``n`` image tokens from ``start`` (along ``seq``) merged by ``plan`` (``mode``: ``MEAN``
+        or ``PRUNE``). ``heads``: given for keys, whose lengths the mean keeps (``tome.norms``)."""
+        image = span(x, start, n, seq)
+        if heads is not None and mode == MEAN:
+            image = keeping_norms(lambda t: plan.merge(t, MEAN, seq), image, heads)
+        else:
+            image = plan.merge(image, mode, seq)
+        return with_span(x, start, n, image, seq)
+
+    @staticmethod
+    def unmerged(plan, out: torch.Tensor, start: int, n: int, seq: int) -> torch.Tensor:
+        """The attention output ``out`` of merged queries (``L - removed`` tokens along ``seq``), every image
+        query given its destination's output back: ``L`` tokens."""
+        kept = n - plan.removed
+        return with_span(out, start, kept, plan.unmerge(span(out, start, kept, seq), seq), seq)
+
+    @staticmethod
+    def pooled(todo: DiTToDo, x: torch.Tensor, start: int, layout: ImageLayout, seq: int,
+               heads: int | None = None) -> torch.Tensor:
+        """``x`` with its image tokens (along ``seq``) pooled, or as it is where the grid is smaller than a cell.
         ``heads``: given for keys, which ``average`` pooling gives their tokens' mean length (``tome.norms``)."""
         if not pools(todo, layout.grid):
             return x
 
         def pool(t):
-            return pool_grid(t, layout.grid, todo.factor, todo.time_factor, todo.method)
+            return pool_grid(t, layout.grid, todo.factor, todo.time_factor, todo.method, seq)
 
-        image = x[:, start:start + layout.n_tokens]
+        image = span(x, start, layout.n_tokens, seq)
         image = keeping_norms(pool, image, heads) if heads is not None and todo.method == AVERAGE else pool(image)
-        return replace_span(x, start, layout.n_tokens, image)
+        return with_span(x, start, layout.n_tokens, image, seq)
 
 
 @dataclass
@@ -187,6 +195,17 @@ def warn_dropped(override, blocks: bool = False) -> None:
     log.warning("Apply ToDo / Apply ToMe: another node's attention override (%s from %s) replaced this pack's "
                 "at run time and does not call it, so %s that node cannot be stacked with Apply ToDo / Apply ToMe "
                 "on a DiT", name, module, lost)
+
+
+def span(x: torch.Tensor, start: int, n: int, dim: int) -> torch.Tensor:
+    """The ``n`` tokens of ``x`` from ``start`` along ``dim``: ``x`` itself where they are all of it."""
+    return x if start == 0 and n == x.shape[dim] else x.narrow(dim, start, n)
+
+
+def with_span(x: torch.Tensor, start: int, n: int, image: torch.Tensor, dim: int) -> torch.Tensor:
+    """``replace_span(x, start, n, image, dim)``, or ``image`` itself where those tokens are all of ``x`` (an
+    image-only sequence, as Wan's): an attention call never writes its inputs, so no copy is needed."""
+    return image if start == 0 and n == x.shape[dim] else replace_span(x, start, n, image, dim)
 
 
 def heads_of(args: tuple, kwargs: dict) -> int:

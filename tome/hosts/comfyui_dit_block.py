@@ -78,7 +78,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -90,6 +90,7 @@ from .comfyui import (
     kept_plan,
     model_call,
     options_of_call,
+    shared_plan,
     with_dit_replacements,
     with_replacements,
 )
@@ -118,9 +119,11 @@ def chosen_blocks(keys: tuple, skip_first: int, skip_last: int) -> frozenset:
 
 # Reducing one block's image tokens: ToDo's pooling, then ToMe's merge, each undone in turn.
 
+@functools.lru_cache(maxsize=64)
 def cell_index(grid: tuple[int, int, int], factor: int, time_factor: int, device: torch.device) -> torch.Tensor:
     """``[t*h*w]``: the pooled cell (``pool_grid``'s order) of each token of ``grid (t, h, w)``. Made on the
-    device: an index made on the host would be a copy to the device in every block call."""
+    device (an index made on the host would be a copy to the device in every block call), once per grid, factors
+    and device, and kept: in the eager decision, never inside a compiled graph (``Pooling.cells``)."""
     t, h, w = grid
     rows, cols = math.ceil(h / factor), math.ceil(w / factor)
     frames = torch.arange(t, device=device) // time_factor
@@ -135,6 +138,7 @@ class Pooling:
 
     todo: DiTToDo
     grid: tuple[int, int, int]
+    cells: torch.Tensor = field(compare=False)  # ``cell_index`` of the grid, on the tokens' device
 
     @property
     def pooled_grid(self) -> tuple[int, int, int]:
@@ -159,7 +163,7 @@ class Pooling:
 
     def expand(self, x: torch.Tensor) -> torch.Tensor:
         """Each cell's value to every token of the cell."""
-        return x.index_select(1, cell_index(self.grid, self.todo.factor, self.todo.time_factor, x.device))
+        return x.index_select(1, self.cells)
 
 
 @dataclass(frozen=True)
@@ -407,7 +411,7 @@ class BlockScope:
         stages, grid, reduced = [], layout.grid, image
         if todo is not None:
             if pools(todo, grid):
-                pooling = Pooling(todo, grid)
+                pooling = Pooling(todo, grid, cell_index(grid, todo.factor, todo.time_factor, reduced.device))
                 stages.append(pooling)
                 grid, reduced = pooling.pooled_grid, pooling.reduce(reduced)
         if tome is not None:
@@ -427,8 +431,11 @@ class BlockScope:
     def tome_plan(self, tome: DiTToMe, tokens: torch.Tensor, grid: tuple[int, int, int], key, options):
         """ToMe's plan for block ``key``'s (pooled) image tokens ``tokens [B, t*h*w, C]``: matched on them, or the
         one this block matched at an earlier step of the run (``reuse_steps``, kept per batch of conds as on
-        U-Nets)."""
+        U-Nets), or with ``share_matching`` the one the call's first reduced block matched on this grid."""
         index = model_call(options).next_attention()  # counted at every block call, a kept plan's too
+        if tome.share_matching:  # the call's first reduced block matches for every block on the grid
+            return shared_plan(options, SCOPE_BLOCK, grid, tokens, lambda: kept_plan(
+                options, ("shared",), tokens, tome.reuse_steps, lambda: frame_plan(tome, tokens, grid, index, options)))
         return kept_plan(options, key, tokens, tome.reuse_steps, lambda: frame_plan(tome, tokens, grid, index, options))
 
 

@@ -83,7 +83,7 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
                seed: int = 0, use_rand: bool = True, merge: str = MERGE_QKV, start_percent: float = 0.0,
                end_percent: float = 1.0, scope: str = SCOPE_SELF, reuse_steps: int = 1, reduce: str = MEAN,
                dit_scope: str = SCOPE_ATTENTION, skip_first_blocks: int = SKIP_FIRST_BLOCKS,
-               skip_last_blocks: int = SKIP_LAST_BLOCKS, token_cache: bool = False):
+               skip_last_blocks: int = SKIP_LAST_BLOCKS, token_cache: bool = False, share_matching: bool = False):
     """Apply ToMe's inputs to ``model``, a U-Net or a DiT; returns the patched clone (or ``model``). ``reduce``
     (``MEAN``, or the quality bench's ``PRUNE`` baseline) is no node input. ``token_cache``: the measured
     ``TokenCaching`` at the block scope."""
@@ -93,13 +93,14 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
         return comfyui_unet.apply_tome(model, ratio=ratio, stride_x=stride_x, stride_y=stride_y,
                                        max_downsample=max_downsample, seed=seed, use_rand=use_rand, merge=merge,
                                        start_percent=start_percent, end_percent=end_percent, scope=scope,
-                                       reuse_steps=reuse_steps, reduce=reduce)
+                                       reuse_steps=reuse_steps, reduce=reduce, share_matching=share_matching)
     warn_ignored("Apply ToMe", model, {"max_downsample": (max_downsample, "auto"), "scope": (scope, SCOPE_SELF)})
     return comfyui_dit.apply_tome_dit(model, ratio=ratio, stride_x=stride_x, stride_y=stride_y, seed=seed,
                                       use_rand=use_rand, merge=merge, start_percent=start_percent,
                                       end_percent=end_percent, reduce=reduce, dit_scope=dit_scope,
                                       skip_first_blocks=skip_first_blocks, skip_last_blocks=skip_last_blocks,
-                                      reuse_steps=reuse_steps, token_cache=TokenCaching() if token_cache else None)
+                                      reuse_steps=reuse_steps, token_cache=TokenCaching() if token_cache else None,
+                                      share_matching=share_matching)
 
 
 def apply_todo(model, *, downsample_factor: int, max_downsample: str = "auto", method: str = AUTO,

@@ -49,6 +49,7 @@ from .comfyui import (
     kept_plan,
     mixed_class,
     seeded_plan,
+    shared_plan,
     sigma_window,
     wants_model_calls,
     wants_run_state,
@@ -90,10 +91,15 @@ class ToMeSettings:
     modules: str = SCOPE_SELF  # the node's ``scope`` input
     reuse_steps: int = 1  # how many consecutive sampling steps one matching serves
     reduce: str = MEAN  # PRUNE: the quality bench's baseline, which drops the tokens ToMe would merge
+    share_matching: bool = False  # one matching per model call and token grid, served to every block on it
 
 
 class ToMeAttn1Patch:
     """Builds the plan from ``norm1(x)`` and merges the self-attention inputs.
+
+    With ``share_matching``, the first block of a model call on a token grid
+    matches, and every later block on that grid merges with its plan (the
+    call's ``ModelCall`` keeps it; see ``comfyui.shared_plan``).
 
     With ``reuse_steps`` > 1, a block's plan serves the next steps too (the
     matching is the costly part), kept in the sampling run's ``SamplingRun``
@@ -112,6 +118,9 @@ class ToMeAttn1Patch:
         grid = s.reach.grid(n.shape[1], extra_options)
         if grid is None:
             return IDENTITY
+        if s.share_matching:  # the call's first block on this grid matches for every block on it
+            return shared_plan(extra_options, "unet", grid, n, lambda: kept_plan(
+                extra_options, ("shared", grid), n, s.reuse_steps, lambda: self.fresh_plan(n, grid, extra_options)))
         block = (extra_options.get("block"), extra_options.get("block_index", 0))
         return kept_plan(extra_options, block, n, s.reuse_steps, lambda: self.fresh_plan(n, grid, extra_options))
 
@@ -293,8 +302,10 @@ def wants_run_start(model) -> None:
 
 def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max_downsample: str = "auto",
                seed: int = 0, use_rand: bool = True, merge: str = MERGE_QKV, start_percent: float = 0.0,
-               end_percent: float = 1.0, scope: str = SCOPE_SELF, reuse_steps: int = 1, reduce: str = MEAN):
+               end_percent: float = 1.0, scope: str = SCOPE_SELF, reuse_steps: int = 1, reduce: str = MEAN,
+               share_matching: bool = False):
     """Clone ``model`` with ToMe patched into the modules of ``scope``; the input model is never touched.
+    ``share_matching``: one matching per model call and token grid, shared by the blocks on it.
 
     ``reduce``: ``MEAN`` (ToMe) or ``PRUNE`` (the same tokens dropped: the quality bench's baseline; no node
     offers it). Every input is checked before anything is cloned: a bad one raises ``ValueError`` naming it."""
@@ -311,7 +322,7 @@ def apply_tome(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2, max
     settings = ToMeSettings(ratio=ratio, sx=stride_x, sy=stride_y,
                             reach=Reach(downsample, *sigma_window(model, start_percent, end_percent)),
                             seed=seed, use_rand=use_rand, merge=merge, modules=scope, reuse_steps=reuse_steps,
-                            reduce=reduce)
+                            reduce=reduce, share_matching=share_matching)
 
     patched = model.clone()
     without_patches(patched.model_options["transformer_options"].setdefault("patches", {}), TOME_PATCH_TYPES)
