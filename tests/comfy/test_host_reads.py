@@ -15,24 +15,29 @@ import torch
 
 from tome_harness import host_reads
 
-# Host reads per model call, and the most operators per model call (rounded up), that each node adds
-# (bench/host_reads_bench.py prints the table). reuse_steps (Advanced) reads the run's schedule in its first call's
-# sigma read, no read of its own (a few operators once per run: SD1.5 167 -> 168, SDXL 332 -> 333 per call).
-# DiTs: about 20 operators per merged or average-pooled key tensor keep the keys' lengths (tome.norms; ToMe
-# Flux 214 -> 252, Wan 190 -> 228 per model call; ToDo average Flux 78 -> 120, Wan 60 -> 102), what the quality
-# bench found plain averaging costs. The token cache (every block, 3 steps, the first 2 whole) reads the run's schedule
-# in the call's sigma read, as reuse_steps does.
+# Host reads per model call, and the most operators per model call, that each node adds (bench/host_reads_bench.py
+# prints the table; docs/BENCHMARKS.md "Host reads per model call" has the counts before issue 58 beside them).
+# reuse_steps (Advanced) reads the run's schedule in its first call's sigma read, no read of its own; so does the
+# token cache (every block, 3 steps, the first 2 whole). DiTs' merged and average-pooled keys keep their lengths
+# (tome.norms). share_matching makes one matching per model call and grid.
 EXPECTED = {
-    ("SD1.5", "Apply ToMe"): (1, 272), ("SD1.5", "Apply ToMe (Advanced)"): (1, 168),
-    ("SD1.5", "Apply ToDo"): (0, 45), ("SD1.5", "Apply ToDo (average)"): (0, 25),
-    ("SDXL", "Apply ToMe"): (1, 542), ("SDXL", "Apply ToMe (Advanced)"): (1, 333),
-    ("SDXL", "Apply ToDo"): (0, 90), ("SDXL", "Apply ToDo (average)"): (0, 50),
-    ("Flux", "Apply ToMe"): (1, 252), ("Flux", "Apply ToMe (Advanced)"): (1, 171),
-    ("Flux", "Apply ToMe (token cache)"): (1, 77),
-    ("Flux", "Apply ToDo"): (0, 51), ("Flux", "Apply ToDo (average)"): (0, 120),
-    ("Wan 2.1", "Apply ToMe"): (1, 228), ("Wan 2.1", "Apply ToMe (Advanced)"): (1, 153),
-    ("Wan 2.1", "Apply ToMe (token cache)"): (1, 78),
-    ("Wan 2.1", "Apply ToDo"): (0, 36), ("Wan 2.1", "Apply ToDo (average)"): (0, 102),
+    ("SD1.5", "Apply ToMe"): (1, 217), ("SD1.5", "Apply ToMe (Advanced)"): (1, 108),
+    ("SD1.5", "Apply ToMe (widest scope)"): (1, 257), ("SD1.5", "Apply ToMe (share_matching)"): (1, 61),
+    ("SD1.5", "Apply ToDo"): (0, 25), ("SD1.5", "Apply ToDo (average)"): (0, 25),
+    ("SDXL", "Apply ToMe"): (1, 432), ("SDXL", "Apply ToMe (Advanced)"): (1, 213),
+    ("SDXL", "Apply ToMe (widest scope)"): (1, 512), ("SDXL", "Apply ToMe (share_matching)"): (1, 81),
+    ("SDXL", "Apply ToDo"): (0, 50), ("SDXL", "Apply ToDo (average)"): (0, 50),
+    ("Flux", "Apply ToMe"): (1, 167), ("Flux", "Apply ToMe (Advanced)"): (1, 112),
+    ("Flux", "Apply ToMe (share_matching)"): (1, 117),
+    ("Flux", "Apply ToMe (block)"): (1, 122), ("Flux", "Apply ToMe (block, share_matching)"): (1, 82),
+    ("Flux", "Apply ToMe (token cache)"): (1, 69),
+    ("Flux", "Apply ToDo"): (0, 31), ("Flux", "Apply ToDo (average)"): (0, 41), ("Flux", "Apply ToDo (block)"): (0, 52),
+    ("Wan 2.1", "Apply ToMe"): (1, 150), ("Wan 2.1", "Apply ToMe (Advanced)"): (1, 101),
+    ("Wan 2.1", "Apply ToMe (share_matching)"): (1, 107),
+    ("Wan 2.1", "Apply ToMe (block)"): (1, 135), ("Wan 2.1", "Apply ToMe (block, share_matching)"): (1, 95),
+    ("Wan 2.1", "Apply ToMe (token cache)"): (1, 66),
+    ("Wan 2.1", "Apply ToDo"): (0, 20), ("Wan 2.1", "Apply ToDo (average)"): (0, 34),
+    ("Wan 2.1", "Apply ToDo (block)"): (0, 49),
 }
 
 

@@ -32,7 +32,8 @@ clone of the compiled model.
 What both adapters do alike has its one home here: the inputs the nodes offer
 and both check (``MERGE_MODES``, the ``MAX_*`` limits), the sampling window
 (``Window``; a U-Net's ``Reach`` adds the depth), the seeded matching
-(``seeded_plan``) and a plan kept across steps (``kept_plan``), warnings given
+(``seeded_plan``), a plan kept across steps (``kept_plan``) or shared by a model call's blocks
+(``block_plan``), warnings given
 once per run (``first_in_run``; a setting measured slower on a GPU at the run's size: ``warn_gpu_loss``,
 the rule in ``gpu_rule``), swapped classes and their undo
 (``mixed_class``, ``without_swapped_classes``) and replacements put into a
@@ -93,7 +94,7 @@ class ModelCall:
     and has not read its ``schedule`` yet, the same read brings the schedule
     (its first call would otherwise wait twice). ``next_attention()``: the index
     of the call's next image attention call (the DiT's seeds). ``plan()``: the
-    plans the call's blocks share (``shared_plan``). A model call runs
+    plans the call's blocks share (``block_plan``). A model call runs
     in one thread (cond and uncond in two threads are two calls), so nothing here
     needs a lock.
     """
@@ -391,11 +392,18 @@ def batch_of_conds(options) -> tuple:
     return tuple(options.get("uuids") or options.get("cond_or_uncond") or ())
 
 
-def shared_plan(options, scope: str, grid: tuple, tokens: torch.Tensor, make: Callable[[], object]):
-    """ToMe's plan shared by every block of a model call on ``grid`` (``share_matching``, ToMA's reuse): ``make()``
-    at the first block of the call that reaches ``scope`` with tokens of this shape and device, the same plan at
-    every later one. A model call runs in one thread (cond and uncond in two are two calls): no lock."""
-    return model_call(options).plan((scope, tuple(grid), tuple(tokens.shape), str(tokens.device)), make)
+def block_plan(options, share: bool, scope: str, block: Hashable, grid: tuple, tokens: torch.Tensor,
+               reuse_steps: int, make: Callable[[], object]):
+    """ToMe's plan for a call of ``block`` (its identity) on ``grid``: ``make()``'s, kept across ``reuse_steps``
+    steps (``kept_plan``). With ``share`` (``share_matching``, ToMA's reuse), the plan of the model call's first
+    block that reached ``scope`` with tokens of this grid, shape and device, served to every later one (kept across
+    steps as that first block's would be). A model call runs in one thread (cond and uncond in two are two
+    calls): no lock."""
+    if not share:
+        return kept_plan(options, block, tokens, reuse_steps, make)
+    grid = tuple(grid)
+    return model_call(options).plan((scope, grid, tuple(tokens.shape), str(tokens.device)), lambda: kept_plan(
+        options, (scope, "shared", grid), tokens, reuse_steps, make))
 
 
 def kept_plan(options, block: Hashable, tokens: torch.Tensor, reuse_steps: int, make: Callable[[], object]):

@@ -417,7 +417,7 @@ def apply_tome_dit(model, *, ratio: float, stride_x: int = 2, stride_y: int = 2,
     consecutive steps; with ``token_cache`` a block does not merge but computes ``1 - ratio`` of the image tokens
     and gives the rest their own cached change (``dit_token_cache``; strides, seed, ``use_rand`` and
     ``reuse_steps`` have no meaning then). ``share_matching``: one matching per model call, made at the first
-    image attention call (or reduced block) and shared by the rest (``comfyui.shared_plan``)."""
+    image attention call (or reduced block) and shared by the rest (``comfyui.block_plan``)."""
     family = known_family(model, "Apply ToMe")
     if family is None:
         return model

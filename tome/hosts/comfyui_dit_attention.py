@@ -52,7 +52,7 @@ import torch
 from ..downsample import AVERAGE
 from ..merge import IDENTITY, MEAN
 from ..norms import keeping_norms
-from .comfyui import MERGE_KV, MERGE_Q, MERGE_QKV, eager, first_in_run, model_call, shared_plan
+from .comfyui import MERGE_KV, MERGE_Q, MERGE_QKV, block_plan, eager, first_in_run, model_call
 from .dit_families import ImageLayout
 from .dit_settings import LAYOUT_KEY, MAIN_BLOCK_KEY, OVERRIDE_KEY, SCOPE_ATTENTION, DiTToDo, DiTToMe
 from .dit_tokens import frame_plan, pool_grid, pools, replace_span
@@ -112,9 +112,9 @@ class DiTReduction:
         plan = IDENTITY
         if tome is not None:
             tokens = token_major(span(k, start, n, seq), heads_major)
-            plan = shared_plan(options, SCOPE_ATTENTION, layout.grid, tokens, lambda: frame_plan(
-                tome, tokens, layout.grid, call_index, options)) if tome.share_matching else \
-                frame_plan(tome, tokens, layout.grid, call_index, options)
+            plan = block_plan(options, tome.share_matching, SCOPE_ATTENTION, ("attention", call_index), layout.grid,
+                              tokens, tome.reuse_steps, lambda: frame_plan(tome, tokens, layout.grid, call_index,
+                                                                           options))
         merge_q = plan is not IDENTITY and tome.merge in (MERGE_QKV, MERGE_Q)
         merge_kv = plan is not IDENTITY and tome.merge in (MERGE_QKV, MERGE_KV) and todo is None
         heads = heads_of(args, kwargs)

@@ -85,12 +85,11 @@ import torch
 from ..downsample import NEAREST
 from ..merge import IDENTITY, PRUNE
 from .comfyui import (
+    block_plan,
     eager,
     first_in_run,
-    kept_plan,
     model_call,
     options_of_call,
-    shared_plan,
     with_dit_replacements,
     with_replacements,
 )
@@ -433,10 +432,8 @@ class BlockScope:
         one this block matched at an earlier step of the run (``reuse_steps``, kept per batch of conds as on
         U-Nets), or with ``share_matching`` the one the call's first reduced block matched on this grid."""
         index = model_call(options).next_attention()  # counted at every block call, a kept plan's too
-        if tome.share_matching:  # the call's first reduced block matches for every block on the grid
-            return shared_plan(options, SCOPE_BLOCK, grid, tokens, lambda: kept_plan(
-                options, ("shared",), tokens, tome.reuse_steps, lambda: frame_plan(tome, tokens, grid, index, options)))
-        return kept_plan(options, key, tokens, tome.reuse_steps, lambda: frame_plan(tome, tokens, grid, index, options))
+        return block_plan(options, tome.share_matching, SCOPE_BLOCK, key, grid, tokens, tome.reuse_steps,
+                          lambda: frame_plan(tome, tokens, grid, index, options))
 
 
 @dataclass(frozen=True)

@@ -40,16 +40,15 @@ from .comfyui import (
     MERGE_Q,
     MERGE_QKV,
     Reach,
+    block_plan,
     capped_ratio,
     check_choice,
     check_range,
     check_tome_inputs,
     eager,
     has_patches,
-    kept_plan,
     mixed_class,
     seeded_plan,
-    shared_plan,
     sigma_window,
     wants_model_calls,
     wants_run_state,
@@ -99,7 +98,7 @@ class ToMeAttn1Patch:
 
     With ``share_matching``, the first block of a model call on a token grid
     matches, and every later block on that grid merges with its plan (the
-    call's ``ModelCall`` keeps it; see ``comfyui.shared_plan``).
+    call's ``ModelCall`` keeps it; see ``comfyui.block_plan``).
 
     With ``reuse_steps`` > 1, a block's plan serves the next steps too (the
     matching is the costly part), kept in the sampling run's ``SamplingRun``
@@ -118,11 +117,9 @@ class ToMeAttn1Patch:
         grid = s.reach.grid(n.shape[1], extra_options)
         if grid is None:
             return IDENTITY
-        if s.share_matching:  # the call's first block on this grid matches for every block on it
-            return shared_plan(extra_options, "unet", grid, n, lambda: kept_plan(
-                extra_options, ("shared", grid), n, s.reuse_steps, lambda: self.fresh_plan(n, grid, extra_options)))
         block = (extra_options.get("block"), extra_options.get("block_index", 0))
-        return kept_plan(extra_options, block, n, s.reuse_steps, lambda: self.fresh_plan(n, grid, extra_options))
+        return block_plan(extra_options, s.share_matching, "unet", block, grid, n, s.reuse_steps,
+                          lambda: self.fresh_plan(n, grid, extra_options))
 
     def fresh_plan(self, n: torch.Tensor, grid: tuple[int, int], extra_options):
         """A new plan from this call's tokens ``n`` over their ``(w, h)`` grid."""

@@ -73,5 +73,5 @@ class DiTToMe:
     # matches afresh).
     reuse_steps: int = 1
     token_cache: TokenCaching | None = None  # at the block scope: tokens computed or cached instead of merged
-    # One matching per model call, shared by every attention call or block on the image grid (comfyui.shared_plan).
+    # One matching per model call, shared by every attention call or block on the image grid (comfyui.block_plan).
     share_matching: bool = False
