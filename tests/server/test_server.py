@@ -33,7 +33,7 @@ DIT_SCOPE_INPUTS = {"dit_scope", "skip_first_blocks", "skip_last_blocks"}
 NODE_INPUTS = {
     "ApplyToMe": TOME_INPUTS,
     "ApplyToMeAdvanced": TOME_INPUTS | {"seed", "use_rand", "merge", "start_percent", "end_percent", "scope",
-                                        "reuse_steps", "token_cache"} | DIT_SCOPE_INPUTS,
+                                        "reuse_steps", "token_cache", "share_matching"} | DIT_SCOPE_INPUTS,
     "ApplyToDo": {"model", "downsample_factor", "max_downsample", "method", "start_percent", "end_percent",
                   "time_factor"} | DIT_SCOPE_INPUTS,
 }
